@@ -1,0 +1,30 @@
+"""Exceptions raised by cron_at_scale's public API."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+
+
+class ValidationError(DjangoValidationError, ValueError):
+    """Bad input to the scheduling API; nothing was written.
+
+    ``field`` names the argument at fault (``"cron"``, ``"tz"``, ``"at"`` ...).
+    A subclass of Django's ``ValidationError`` (``message_dict`` is
+    ``{field: [message]}``) and of ``ValueError``.
+    """
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        self.text = f"{field}: {message}"
+        super().__init__({field: [self.text]})
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class RetryableError(Exception):
+    """Raise inside a scheduled task to ask for a retry under the job's policy."""
+
+
+class Ignore(Exception):
+    """Internal: a delivery that must not run (duplicate, superseded or cancelled)."""
