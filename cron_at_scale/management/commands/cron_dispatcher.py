@@ -1,0 +1,53 @@
+"""``manage.py cron_dispatcher``: run a dispatcher until SIGTERM/SIGINT."""
+
+from __future__ import annotations
+
+import logging
+
+from django.core.management.base import BaseCommand, CommandError
+
+from cron_at_scale.dispatcher import Dispatcher
+
+
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise ValueError(f"not a number: {text!r}") from None
+        if value <= 0:
+            raise ValueError(f"must be > 0: {text!r}")
+        return value
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+class Command(BaseCommand):
+    help = (
+        "Run a dispatcher: claim due jobs from the database in batches and publish them to the "
+        "Celery broker; also return expired leases to their jobs (the reaper). Run one or more "
+        "(they never claim the same job twice). Stops cleanly on SIGTERM or Ctrl-C."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--batch-size", type=_positive(int), help="jobs claimed per statement (default 1000)")
+        parser.add_argument("--poll-interval", type=_positive(float), help="seconds to sleep when nothing is due (default 0.1)")
+        parser.add_argument("--lease", type=_positive(float), help="dispatch lease in seconds (default 30)")
+        parser.add_argument("--name", help="this dispatcher's name in locked_by (default host:pid)")
+        parser.add_argument("--max-seconds", type=_positive(float), help="exit after this many seconds (for tests)")
+
+    def handle(self, *args, **opts):
+        level = logging.INFO if opts["verbosity"] >= 2 else logging.WARNING
+        logging.getLogger("cron_at_scale").setLevel(level)
+        try:
+            dispatcher = Dispatcher(name=opts["name"], batch_size=opts["batch_size"],
+                                    poll_interval=opts["poll_interval"], lease=opts["lease"])
+        except Exception as e:  # a broken configuration, said plainly
+            raise CommandError(f"cannot start the dispatcher: {e}") from e
+        dispatcher.install_signal_handlers()
+        if opts["verbosity"] >= 1:
+            self.stdout.write(f"dispatcher {dispatcher.name} running (Ctrl-C to stop)")
+        dispatcher.run(max_seconds=opts["max_seconds"])
+        if opts["verbosity"] >= 1:
+            self.stdout.write(f"dispatcher {dispatcher.name} stopped: {dispatcher.published_total} jobs published")

@@ -1,0 +1,127 @@
+"""The job store: ``Job`` (what to run and when) and ``JobAttempt`` (the attempt log).
+
+The job's state machine is drawn in the README ("Job life"). Every time is a
+``timestamptz`` set from the database clock (``now()``), never a node's clock.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+from django.db.models import Q
+from django.db.models.functions import Now
+
+
+class Status(models.TextChoices):
+    PENDING = "pending"
+    IN_PROGRESS = "in_progress"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class ScheduleType(models.TextChoices):
+    ONCE = "once"
+    CRON = "cron"
+
+
+class Outcome(models.TextChoices):
+    DISPATCHED = "dispatched"  # claimed and sent to the broker, not started yet
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"  # raised; the job failed (no retry left)
+    RETRIED = "retried"  # raised; the job was put back to pending with a backoff
+    CANCELLED = "cancelled"  # the job was cancelled before or while this attempt ran
+    LOST = "lost"  # lease expired with nobody finishing it (dead worker, lost message)
+
+
+LIVE_STATUSES = (Status.PENDING, Status.IN_PROGRESS)
+
+
+class Job(models.Model):
+    """One scheduled job: a one-off (``schedule_type='once'``) or a cron schedule.
+
+    ``fire_at`` is the next time it is due (aware UTC). A cron job stays
+    ``pending`` for its whole life; each occurrence runs as a ``JobAttempt``.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    schedule_type = models.CharField(max_length=8, choices=ScheduleType.choices, db_default=ScheduleType.ONCE)
+    fire_at = models.DateTimeField(help_text="Next time the job is due (UTC).")
+    cron_expr = models.CharField(max_length=200, blank=True, db_default="")
+    timezone = models.CharField(max_length=64, db_default="UTC")
+    task = models.CharField(max_length=200)
+    payload = models.JSONField(default=dict, help_text='{"args": [...], "kwargs": {...}}')
+    queue = models.CharField(max_length=200, blank=True, db_default="")
+    options = models.JSONField(default=dict, blank=True, help_text="Celery publish options (priority).")
+    status = models.CharField(max_length=12, choices=Status.choices, db_default=Status.PENDING)
+    retries = models.PositiveIntegerField(db_default=0, help_text="Retries used so far.")
+    max_retries = models.PositiveIntegerField(db_default=3, help_text="Retries allowed after the first attempt.")
+    attempts = models.PositiveIntegerField(db_default=0, help_text="Number of the latest attempt (0: never fired).")
+    lost_attempts = models.PositiveIntegerField(db_default=0)
+    cancel_requested = models.BooleanField(db_default=False)
+    locked_by = models.CharField(max_length=200, blank=True, db_default="")
+    locked_until = models.DateTimeField(null=True, blank=True)
+    key = models.CharField(max_length=255, null=True, blank=True, help_text="Idempotency key, unique among live jobs.")
+    created_at = models.DateTimeField(db_default=Now())
+    updated_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        indexes = [
+            # The claim walks this index only: it stays small (pending rows) and ordered by fire_at.
+            models.Index(fields=["fire_at"], name="cron_job_pending_fire_at", condition=Q(status="pending")),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["key"],
+                name="cron_job_live_key",
+                condition=Q(key__isnull=False) & Q(status__in=["pending", "in_progress"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task} [{self.schedule_type}] {self.id}"
+
+
+class JobAttempt(models.Model):
+    """One attempt of a job: one row per (job, attempt number), the attempt log.
+
+    ``scheduled_at`` is the occurrence's fire time; ``dispatched_at``,
+    ``started_at`` and ``finished_at`` come from the database clock, so
+    ``started_at - scheduled_at`` is the firing lag.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="attempt_log", db_index=False)
+    attempt = models.PositiveIntegerField()
+    scheduled_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField(db_default=Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    locked_until = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True, db_default="")
+    outcome = models.CharField(max_length=12, choices=Outcome.choices, db_default=Outcome.DISPATCHED)
+    error = models.TextField(blank=True, db_default="")
+    traceback = models.TextField(blank=True, db_default="")
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "attempt"], name="cron_attempt_job_attempt"),
+        ]
+        indexes = [
+            # The reaper's scan: unfinished attempts by lease expiry.
+            models.Index(fields=["locked_until"], name="cron_attempt_open_lease", condition=Q(finished_at__isnull=True)),
+        ]
+
+    @property
+    def task_id(self) -> str:
+        return task_id_for(self.job_id, self.attempt)
+
+    def __str__(self) -> str:
+        return f"{self.job_id} #{self.attempt} {self.outcome}"
+
+
+def task_id_for(job_id, attempt: int) -> str:
+    """Celery task id of attempt ``attempt`` of job ``job_id``: ``"<job uuid>:<attempt>"``."""
+    return f"{job_id}:{attempt}"

@@ -1,0 +1,286 @@
+"""The scheduling API: ``schedule``, ``schedule_many``, ``cancel``.
+
+Scheduling is an ordinary insert through Django's ORM: inside
+``transaction.atomic()`` it commits or rolls back with the caller's rows.
+Bad input raises :class:`cron_at_scale.ValidationError` naming the argument,
+before anything is written.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django.db import IntegrityError, connection, transaction
+
+from . import conf
+from . import cron as cronlib
+from .app import is_registered
+from .exceptions import ValidationError
+from .models import LIVE_STATUSES, Job, ScheduleType, Status
+from .sql import QUERIES
+
+MAX_COUNTDOWN = 100 * 365 * 86400  # seconds; a longer horizon is a bug, not a plan
+MAX_JSON_DEPTH = 64
+_OPTIONS = {"priority"}  # Celery publish options a job may carry
+
+
+def _check_text(field: str, value: Any, max_len: int, *, allow_none: bool = False) -> str | None:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ValidationError(field, f"must be a non-empty string, got {value!r:.80}")
+    if len(value) > max_len:
+        raise ValidationError(field, f"is {len(value)} characters long; the limit is {max_len}")
+    if "\x00" in value:
+        raise ValidationError(field, "must not contain NUL characters")
+    return value
+
+
+def _check_json(field: str, value: Any, depth: int = 0) -> None:
+    """Accept exactly what JSON (and PostgreSQL's jsonb) round-trips unchanged."""
+    if depth > MAX_JSON_DEPTH:
+        raise ValidationError(field, f"is nested deeper than {MAX_JSON_DEPTH} levels")
+    if value is None or isinstance(value, (bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValidationError(field, f"{value!r} is not JSON (NaN and infinity are not allowed)")
+        return
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValidationError(field, "strings must not contain NUL characters (PostgreSQL jsonb refuses them)")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValidationError(field, "strings must be valid Unicode (no lone surrogates)") from None
+        return
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            _check_json(field, item, depth + 1)
+        return
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValidationError(field, f"dict keys must be strings, got {k!r:.40}")
+            _check_json(field, k, depth + 1)
+            _check_json(field, v, depth + 1)
+        return
+    raise ValidationError(field, f"{type(value).__name__} is not JSON-serializable (payloads are JSON only)")
+
+
+def _check_tz(tz: str) -> None:
+    _check_text("tz", tz, 64)
+    try:
+        ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError, OSError):
+        raise ValidationError("tz", f"unknown IANA time zone {tz!r}") from None
+
+
+def _task_name(task: Any) -> str:
+    name = getattr(task, "name", task)
+    _check_text("task", name, 200)
+    if conf.get("VALIDATE_TASK_NAMES") and not is_registered(name):
+        raise ValidationError("task", f"{name!r} is not a registered Celery task")
+    return name
+
+
+def _db_now() -> datetime:
+    with connection.cursor() as cur:
+        cur.execute(QUERIES["db_now"])
+        return cur.fetchone()[0]
+
+
+def _needs_db_now(spec: Mapping[str, Any]) -> bool:
+    return spec.get("at") is None
+
+
+def build_job(
+    task: Any,
+    *,
+    args: Iterable[Any] = (),
+    kwargs: Mapping[str, Any] | None = None,
+    at: datetime | None = None,
+    countdown: float | None = None,
+    cron: str | None = None,
+    tz: str = "UTC",
+    queue: str | None = None,
+    max_retries: int = 3,
+    key: str | None = None,
+    db_now: datetime | None = None,
+    **options: Any,
+) -> Job:
+    """Validate one job's arguments and return the unsaved ``Job`` (see ``schedule``)."""
+    name = _task_name(task)
+    given = [n for n, v in (("at", at), ("countdown", countdown), ("cron", cron)) if v is not None]
+    if len(given) > 1:
+        raise ValidationError(given[1], f"give one of at, countdown, cron; got {' and '.join(given)}")
+    if isinstance(args, (str, bytes, Mapping)) or not isinstance(args, Iterable):
+        raise ValidationError("args", f"must be a list or tuple, got {type(args).__name__}")
+    args = list(args)
+    kwargs = {} if kwargs is None else kwargs
+    if not isinstance(kwargs, Mapping):
+        raise ValidationError("kwargs", f"must be a dict, got {type(kwargs).__name__}")
+    kwargs = dict(kwargs)
+    _check_json("args", args)
+    _check_json("kwargs", kwargs)
+    payload = {"args": args, "kwargs": kwargs}
+    size = len(_dumps(payload))
+    if size > conf.get("MAX_PAYLOAD_BYTES"):
+        raise ValidationError("kwargs", f"payload is {size} bytes as JSON; the limit is {conf.get('MAX_PAYLOAD_BYTES')}")
+    queue = _check_text("queue", queue, 200, allow_none=True) or ""
+    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 1000:
+        raise ValidationError("max_retries", f"must be an integer from 0 to 1000, got {max_retries!r:.40}")
+    key = _check_text("key", key, 255, allow_none=True)
+    for opt, value in options.items():
+        if opt not in _OPTIONS:
+            raise ValidationError(opt, f"unknown option; known: {', '.join(sorted(_OPTIONS))}")
+        if opt == "priority" and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255):
+            raise ValidationError("priority", f"must be an integer from 0 to 255, got {value!r:.40}")
+    if not isinstance(tz, str):
+        raise ValidationError("tz", f"must be an IANA time zone name, got {tz!r:.40}")
+
+    schedule_type = ScheduleType.ONCE
+    if at is not None:
+        if not isinstance(at, datetime):
+            raise ValidationError("at", f"must be a datetime, got {type(at).__name__}")
+        if at.tzinfo is None or at.utcoffset() is None:
+            raise ValidationError("at", "must be an aware datetime (naive datetimes are ambiguous; use UTC)")
+        fire_at = at
+    else:
+        now = db_now or _db_now()
+        if countdown is not None:
+            if isinstance(countdown, bool) or not isinstance(countdown, (int, float)):
+                raise ValidationError("countdown", f"must be a number of seconds, got {countdown!r:.40}")
+            if not math.isfinite(countdown) or not 0 <= countdown <= MAX_COUNTDOWN:
+                raise ValidationError("countdown", f"must be from 0 to {MAX_COUNTDOWN} seconds, got {countdown!r}")
+            fire_at = now + timedelta(seconds=countdown)
+        elif cron is not None:
+            cronlib.validate(cron, tz)
+            fire_at = cronlib.next_fire_time(cron, tz, now)
+            schedule_type = ScheduleType.CRON
+        else:
+            fire_at = now
+    if schedule_type == ScheduleType.ONCE:
+        _check_tz(tz)
+    return Job(
+        id=uuid.uuid4(),
+        schedule_type=schedule_type,
+        fire_at=fire_at,
+        cron_expr=cron or "",
+        timezone=tz,
+        task=name,
+        payload=payload,
+        queue=queue,
+        options=dict(options),
+        status=Status.PENDING,
+        retries=0,
+        max_retries=max_retries,
+        attempts=0,
+        lost_attempts=0,
+        cancel_requested=False,
+        locked_by="",
+        key=key,
+    )
+
+
+def _dumps(obj: Any) -> str:
+    import json
+
+    return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _live_job_by_key(key: str) -> Job | None:
+    return Job.objects.filter(key=key, status__in=LIVE_STATUSES).first()
+
+
+def schedule(task: Any, **spec: Any) -> Job:
+    """Schedule one job and return it (the ``Job`` row, saved).
+
+    ``task``: a Celery task or its registered name. Exactly one of, or none of:
+    ``at`` (an aware datetime), ``countdown`` (seconds from now on the
+    database clock), ``cron`` (crontab(5) expression, 5 fields or 6 with
+    leading seconds, or a macro such as ``@daily``) with ``tz`` (IANA zone,
+    default ``"UTC"``); none means now. ``args`` (list) and ``kwargs`` (dict)
+    must be JSON. ``queue``: Celery queue (default: the task's routing).
+    ``max_retries``: retries after the first attempt (Celery's meaning).
+    ``key``: idempotency key, unique among live (pending or in-progress)
+    jobs; scheduling the same key again returns the existing job.
+    ``priority``: Celery message priority.
+
+    Raises ``cron_at_scale.ValidationError`` (field named) and writes nothing.
+    """
+    job = build_job(task, **spec)
+    if job.key is None:
+        job.save(force_insert=True)
+        return job
+    try:
+        with transaction.atomic():  # a savepoint inside the caller's transaction
+            job.save(force_insert=True)
+        return job
+    except IntegrityError:
+        existing = _live_job_by_key(job.key)
+        if existing is None:  # the holder finished between our insert and our read: try once more
+            with transaction.atomic():
+                job.save(force_insert=True)
+            return job
+        return existing
+
+
+def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 1000) -> list[Job]:
+    """Schedule many jobs in bulk; each spec is ``schedule``'s arguments as a dict with ``task``.
+
+    All specs are validated before anything is written: one bad spec raises
+    ``ValidationError`` (its field names the spec's index, e.g. ``"[3].cron"``)
+    and no row is written. Returns the jobs in spec order; a spec whose
+    ``key`` names a live job returns that job.
+    """
+    specs = list(specs)
+    db_now = _db_now() if any(_needs_db_now(s) for s in specs if isinstance(s, Mapping)) else None
+    jobs: list[Job] = []
+    for i, spec in enumerate(specs):
+        if not isinstance(spec, Mapping) or "task" not in spec:
+            raise ValidationError(f"[{i}]", "each spec must be a dict with a 'task'")
+        spec = dict(spec)
+        task = spec.pop("task")
+        try:
+            jobs.append(build_job(task, db_now=db_now, **spec))
+        except ValidationError as e:
+            raise ValidationError(f"[{i}].{e.field}", e.text.split(": ", 1)[1]) from None
+        except TypeError as e:
+            raise ValidationError(f"[{i}]", str(e)) from None
+    first_by_key: dict[str, Job] = {}
+    to_insert: list[Job] = []
+    for job in jobs:
+        if job.key is not None:
+            if job.key in first_by_key:
+                continue
+            first_by_key[job.key] = job
+        to_insert.append(job)
+    with transaction.atomic():
+        for start in range(0, len(to_insert), batch_size):
+            Job.objects.bulk_create(to_insert[start : start + batch_size], ignore_conflicts=bool(first_by_key))
+        if first_by_key:
+            live = {j.key: j for j in Job.objects.filter(key__in=list(first_by_key), status__in=LIVE_STATUSES)}
+            return [live.get(j.key, j) if j.key is not None else j for j in jobs]
+    return jobs
+
+
+def cancel(job_id: uuid.UUID | str) -> bool:
+    """Cancel a job unless it already finished; True if this call cancelled it.
+
+    A pending job will not fire; a claimed one is skipped by the worker; a
+    running one sees ``current_job().cancel_requested`` at its next heartbeat.
+    Raises ``ValidationError`` (field ``job_id``) for a malformed id.
+    """
+    try:
+        job_uuid = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(str(job_id))
+    except (ValueError, TypeError, AttributeError):
+        raise ValidationError("job_id", f"{job_id!r:.60} is not a UUID") from None
+    with connection.cursor() as cur:
+        cur.execute(QUERIES["cancel"], {"job_id": job_uuid})
+        return cur.fetchone() is not None

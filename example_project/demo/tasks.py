@@ -1,0 +1,45 @@
+"""Tasks the demo and the tests schedule."""
+
+import os
+import time
+
+from celery import shared_task
+
+from cron_at_scale import RetryableError, current_job
+
+
+@shared_task
+def noop(*args, **kwargs):
+    """Do nothing."""
+
+
+@shared_task
+def record(*args, **kwargs):
+    """Write one ``demo_execution`` row: job id and attempt of this run, database time."""
+    from .models import Execution
+
+    job = current_job()
+    Execution.objects.create(job_id=job.job_id if job else None, attempt=job.attempt if job else None, pid=os.getpid())
+
+
+@shared_task
+def sleep(seconds: float = 1.0, record_run: bool = True):
+    """Sleep ``seconds``, checking for cancellation every 0.1 s; record the run."""
+    deadline = time.monotonic() + float(seconds)
+    while time.monotonic() < deadline:
+        job = current_job()
+        if job is not None and job.cancel_requested:
+            return "cancelled"
+        time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+    if record_run:
+        record()
+    return "slept"
+
+
+@shared_task
+def fail(times: int = 1):
+    """Raise ``RetryableError`` on the first ``times`` attempts, then record a run."""
+    job = current_job()
+    if job is not None and job.attempt <= int(times):
+        raise RetryableError(f"failing attempt {job.attempt} of {times}")
+    record()
