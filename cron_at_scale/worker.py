@@ -34,6 +34,7 @@ from uuid import UUID
 
 from celery import Task
 from celery.exceptions import Ignore
+from django.db import connections
 
 from . import conf, db, retry
 from .publish import HEADER
@@ -195,6 +196,7 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
     finally:
         heartbeat.remove(ctx)
         _current.reset(token)
+        _drop_broken_connections()
     db.run("finish_attempt", {"job_id": job_id, "attempt": attempt, "outcome": "succeeded",
                               "status": "completed", "error": "", "traceback": ""}, fetch="count")
     return result
@@ -224,6 +226,13 @@ def _record_failure(task: JobTask, ctx: JobContext, exc: Exception) -> bool:
 
         announce(task.app, ctx, task.name, error)
     return False
+
+
+def _drop_broken_connections() -> None:
+    # Django does this at the end of each request; a worker has no requests.
+    # No query unless an error occurred or CONN_MAX_AGE passed.
+    for conn in connections.all(initialized_only=True):
+        conn.close_if_unusable_or_obsolete()
 
 
 def _as_retryable(cause: BaseException) -> BaseException:
