@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import time
@@ -11,7 +12,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cron_at_scale.cron import (
@@ -326,8 +327,8 @@ def test_parse_fields():
     assert parse("05 09 * * *").minutes == {5}
     assert parse("\t0  0 * * *  ").hours == {0}
     assert parse("0 0 * * *") is parse("0 0 * * *")  # cached
-    with pytest.raises(Exception):
-        parse("0 0 * * *").minutes = frozenset()  # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        parse("0 0 * * *").minutes = frozenset()  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("macro", sorted(MACROS))
