@@ -1,6 +1,7 @@
 -- The SQL of the hot path, in one place. Loaded by cron_at_scale/sql.py:
 -- each query starts with a "-- name: <name>" line; parameters are %(name)s.
--- Every time comes from the database clock (now()), never from a node.
+-- Every time comes from the database clock, never from a node: statement_timestamp()
+-- (not now(), which is frozen at the start of a surrounding transaction).
 
 -- name: claim
 -- Claim up to %(limit)s due jobs in ONE statement: lock them (skipping rows
@@ -9,7 +10,7 @@
 -- job stays pending (the dispatcher moves its fire_at on before committing).
 WITH due AS (
     SELECT id FROM cron_at_scale_job
-    WHERE status = 'pending' AND fire_at <= now()
+    WHERE status = 'pending' AND fire_at <= statement_timestamp()
     ORDER BY fire_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -18,18 +19,18 @@ WITH due AS (
     SET status = CASE WHEN j.schedule_type = 'once' THEN 'in_progress' ELSE j.status END,
         attempts = j.attempts + 1,
         locked_by = %(dispatcher)s,
-        locked_until = now() + make_interval(secs => %(lease)s),
-        updated_at = now()
+        locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
+        updated_at = statement_timestamp()
     FROM due
     WHERE j.id = due.id
     RETURNING j.id, j.attempts, j.fire_at, j.schedule_type, j.cron_expr, j.timezone,
               j.task, j.payload, j.queue, j.options
 ), logged AS (
     INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome)
-    SELECT id, attempts, fire_at, now(), now() + make_interval(secs => %(lease)s), 'dispatched'
+    SELECT id, attempts, fire_at, statement_timestamp(), statement_timestamp() + make_interval(secs => %(lease)s), 'dispatched'
     FROM claimed
 )
-SELECT id, attempts, fire_at, schedule_type, cron_expr, timezone, task, payload, queue, options, now()
+SELECT id, attempts, fire_at, schedule_type, cron_expr, timezone, task, payload, queue, options, statement_timestamp()
 FROM claimed;
 
 -- name: advance_cron
@@ -46,11 +47,11 @@ WHERE j.id = v.id;
 -- (reaped) returns no row and is skipped. A job cancelled since its claim is
 -- recorded as a cancelled attempt and not run.
 UPDATE cron_at_scale_jobattempt AS a
-SET started_at = now(),
+SET started_at = statement_timestamp(),
     outcome = CASE WHEN j.status = 'cancelled' THEN 'cancelled' ELSE 'running' END,
-    finished_at = CASE WHEN j.status = 'cancelled' THEN now() END,
+    finished_at = CASE WHEN j.status = 'cancelled' THEN statement_timestamp() END,
     worker = %(worker)s,
-    locked_until = now() + make_interval(secs => %(lease)s)
+    locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
 FROM cron_at_scale_job AS j
 WHERE a.job_id = %(job_id)s AND a.attempt = %(attempt)s AND a.outcome = 'dispatched'
   AND j.id = a.job_id
@@ -60,12 +61,12 @@ RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retr
 -- Close an attempt and, for a one-off job still on this attempt, set its final status.
 WITH a AS (
     UPDATE cron_at_scale_jobattempt
-    SET finished_at = now(), outcome = %(outcome)s, error = %(error)s, traceback = %(traceback)s
+    SET finished_at = statement_timestamp(), outcome = %(outcome)s, error = %(error)s, traceback = %(traceback)s
     WHERE job_id = %(job_id)s AND attempt = %(attempt)s AND finished_at IS NULL
     RETURNING job_id
 )
 UPDATE cron_at_scale_job AS j
-SET status = %(status)s, locked_by = '', locked_until = NULL, updated_at = now()
+SET status = %(status)s, locked_by = '', locked_until = NULL, updated_at = statement_timestamp()
 FROM a
 WHERE j.id = a.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress'
   AND j.attempts = %(attempt)s;
@@ -75,13 +76,13 @@ WHERE j.id = a.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress'
 -- %(delay)s seconds of backoff (database clock), one retry used.
 WITH a AS (
     UPDATE cron_at_scale_jobattempt
-    SET finished_at = now(), outcome = 'retried', error = %(error)s, traceback = %(traceback)s
+    SET finished_at = statement_timestamp(), outcome = 'retried', error = %(error)s, traceback = %(traceback)s
     WHERE job_id = %(job_id)s AND attempt = %(attempt)s AND finished_at IS NULL
     RETURNING job_id
 )
 UPDATE cron_at_scale_job AS j
-SET status = 'pending', fire_at = now() + make_interval(secs => %(delay)s),
-    retries = j.retries + 1, locked_by = '', locked_until = NULL, updated_at = now()
+SET status = 'pending', fire_at = statement_timestamp() + make_interval(secs => %(delay)s),
+    retries = j.retries + 1, locked_by = '', locked_until = NULL, updated_at = statement_timestamp()
 FROM a
 WHERE j.id = a.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress'
   AND j.attempts = %(attempt)s;
@@ -91,7 +92,7 @@ WHERE j.id = a.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress'
 -- which of their jobs were cancelled meanwhile.
 WITH hb AS (
     UPDATE cron_at_scale_jobattempt AS a
-    SET locked_until = now() + make_interval(secs => %(lease)s)
+    SET locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
     FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[]) AS r(job_id, attempt)
     WHERE a.job_id = r.job_id AND a.attempt = r.attempt AND a.finished_at IS NULL
     RETURNING a.job_id
@@ -106,22 +107,22 @@ WHERE j.cancel_requested;
 -- attempt number, or fail once they have lost too many attempts.
 WITH expired AS (
     SELECT id FROM cron_at_scale_jobattempt
-    WHERE finished_at IS NULL AND locked_until < now()
+    WHERE finished_at IS NULL AND locked_until < statement_timestamp()
     ORDER BY locked_until
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), lost AS (
     UPDATE cron_at_scale_jobattempt AS a
-    SET outcome = 'lost', finished_at = now(), error = 'lease expired'
+    SET outcome = 'lost', finished_at = statement_timestamp(), error = 'lease expired'
     FROM expired
     WHERE a.id = expired.id
     RETURNING a.job_id, a.attempt
 )
 UPDATE cron_at_scale_job AS j
 SET status = CASE WHEN j.lost_attempts + 1 >= %(max_lost)s THEN 'failed' ELSE 'pending' END,
-    fire_at = CASE WHEN j.lost_attempts + 1 >= %(max_lost)s THEN j.fire_at ELSE now() END,
+    fire_at = CASE WHEN j.lost_attempts + 1 >= %(max_lost)s THEN j.fire_at ELSE statement_timestamp() END,
     lost_attempts = j.lost_attempts + 1,
-    locked_by = '', locked_until = NULL, updated_at = now()
+    locked_by = '', locked_until = NULL, updated_at = statement_timestamp()
 FROM lost
 WHERE j.id = lost.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress'
   AND j.attempts = lost.attempt
@@ -131,7 +132,7 @@ RETURNING j.id, j.status;
 -- Cancel a job unless it already finished; a running attempt sees the flag at
 -- its next heartbeat (cooperative cancellation).
 UPDATE cron_at_scale_job
-SET status = 'cancelled', cancel_requested = true, locked_by = '', locked_until = NULL, updated_at = now()
+SET status = 'cancelled', cancel_requested = true, locked_by = '', locked_until = NULL, updated_at = statement_timestamp()
 WHERE id = %(job_id)s AND status IN ('pending', 'in_progress')
 RETURNING id;
 

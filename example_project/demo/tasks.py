@@ -36,7 +36,7 @@ def sleep(seconds: float = 1.0, record_run: bool = True):
     return "slept"
 
 
-@shared_task
+@shared_task(retry_backoff=1, retry_jitter=False)
 def fail(times: int = 1):
     """Raise ``RetryableError`` on the first ``times`` attempts, then record a run."""
     job = current_job()

@@ -1,0 +1,40 @@
+"""Fixtures shared by the integration and acceptance tests.
+
+They run against real PostgreSQL and Redis: the ones named by DATABASE_URL /
+CELERY_BROKER_URL, or embedded ones started by the settings. Acceptance
+tests start real ``celery worker`` and ``cron_dispatcher`` processes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def celery_app():
+    from cron_at_scale.app import get_app
+
+    return get_app()
+
+
+@pytest.fixture
+def broker(celery_app):
+    """The broker, emptied before and after the test."""
+    celery_app.control.purge()
+    yield celery_app
+    celery_app.control.purge()
+
+
+@pytest.fixture
+def system(transactional_db, broker, tmp_path):
+    """Start real worker / dispatcher processes against the test database; stop them at the end."""
+    from django.conf import settings
+    from django.db import connection
+
+    from demo.runner import Processes, child_env, database_url
+
+    env = child_env(database_url(connection.settings_dict), settings.CELERY_BROKER_URL)
+    procs = Processes(env, log_dir=tmp_path / "logs")
+    procs.app = broker
+    yield procs
+    procs.stop()

@@ -1,0 +1,90 @@
+"""The claim, in process, against PostgreSQL: what is due, leases, attempt rows, cron advance."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from helpers import sql
+
+import cron_at_scale
+from cron_at_scale.cron import next_fire_times
+from cron_at_scale.dispatcher import Dispatcher
+from cron_at_scale.models import Job, JobAttempt
+from demo.tasks import noop
+
+pytestmark = pytest.mark.django_db
+
+
+def make_due(job, seconds_ago=1.0):
+    sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - make_interval(secs => %s) WHERE id = %s",
+        [seconds_ago, job.id])
+
+
+def test_claims_only_due_jobs_and_writes_attempts_with_a_lease():
+    due = [cron_at_scale.schedule(noop) for _ in range(3)]
+    later = cron_at_scale.schedule(noop, countdown=3600)
+    batch = Dispatcher(name="d1", batch_size=10, lease=30).claim()
+    assert sorted(str(c.job_id) for c in batch) == sorted(str(j.id) for j in due)
+    assert all(c.attempt == 1 for c in batch)
+    for job in due:
+        row = Job.objects.get(id=job.id)
+        assert row.status == "in_progress" and row.locked_by == "d1" and row.attempts == 1
+        attempt = JobAttempt.objects.get(job_id=job.id)
+        assert attempt.attempt == 1 and attempt.outcome == "dispatched" and attempt.scheduled_at == row.fire_at
+        lease = (attempt.locked_until - attempt.dispatched_at).total_seconds()
+        assert lease == pytest.approx(30, abs=0.01)
+    assert Job.objects.get(id=later.id).status == "pending"
+    assert Dispatcher(name="d2").claim() == []  # nothing due is left
+
+
+def test_batch_size_bounds_one_claim_and_oldest_fire_first():
+    jobs = [cron_at_scale.schedule(noop) for _ in range(5)]
+    for i, job in enumerate(jobs):
+        make_due(job, seconds_ago=10 - i)
+    batch = Dispatcher(batch_size=2).claim()
+    assert [str(c.job_id) for c in batch] == [str(jobs[0].id), str(jobs[1].id)]
+
+
+def test_due_ness_ignores_this_process_clock(monkeypatch):
+    import time as time_module
+    from datetime import datetime as real_datetime
+
+    job = cron_at_scale.schedule(noop, countdown=5)
+
+    class Skewed(real_datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return real_datetime.now(tz) + timedelta(hours=1)
+
+    monkeypatch.setattr("datetime.datetime", Skewed)
+    monkeypatch.setattr(time_module, "time", lambda real=time_module.time: real() + 3600)
+    assert Dispatcher().claim() == []  # an hour-fast clock fires nothing early
+    make_due(job)
+    assert len(Dispatcher().claim()) == 1
+
+
+def test_cron_job_moves_on_from_its_scheduled_fire_at_without_drift():
+    job = cron_at_scale.schedule(noop, cron="*/10 * * * * *")
+    scheduled = Job.objects.get(id=job.id).fire_at
+    sql("UPDATE cron_at_scale_job SET fire_at = fire_at - interval '10 seconds' WHERE id = %s", [job.id])
+    first = scheduled - timedelta(seconds=10)
+    batch = Dispatcher().claim()
+    assert len(batch) == 1 and batch[0].fire_at == first
+    row = Job.objects.get(id=job.id)
+    assert row.status == "pending"  # a cron job stays pending; the run lives on its attempt
+    assert row.fire_at == next_fire_times("*/10 * * * * *", "UTC", first, 1)[0] == scheduled
+    assert JobAttempt.objects.get(job_id=job.id, attempt=1).scheduled_at == first
+
+
+def test_two_dispatchers_in_one_database_never_share_a_job():
+    for _ in range(50):
+        cron_at_scale.schedule(noop)
+    a, b = Dispatcher(name="a", batch_size=20), Dispatcher(name="b", batch_size=20)
+    seen = []
+    while True:
+        got = a.claim() + b.claim()
+        if not got:
+            break
+        seen += [c.job_id for c in got]
+    assert len(seen) == len(set(seen)) == 50

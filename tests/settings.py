@@ -1,0 +1,11 @@
+"""Test settings: the example project's, with embedded services (when no
+DATABASE_URL / CELERY_BROKER_URL is set) kept under .test-data/."""
+
+import os
+from pathlib import Path
+
+os.environ.setdefault("CRON_AT_SCALE_DATA_DIR", str(Path(__file__).resolve().parent.parent / ".test-data"))
+
+from example_project.settings import *  # noqa: E402,F403
+
+LOGGING = {"version": 1, "disable_existing_loggers": False}
