@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from django.db import InterfaceError, OperationalError, transaction
 
-from . import conf, cron, db
+from . import conf, cron, db, failpoints
 from .app import get_app
 from .publish import Claimed, publish_batch
 
@@ -83,6 +83,7 @@ class Dispatcher:
         """Claim one batch and publish it; return the number of jobs claimed."""
         batch = self.claim()
         if batch:
+            failpoints.hit("dispatcher.after_claim")
             self.claimed_total += len(batch)
             try:
                 self.published_total += publish_batch(self.app, batch)

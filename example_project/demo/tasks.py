@@ -43,3 +43,9 @@ def fail(times: int = 1):
     if job is not None and job.attempt <= int(times):
         raise RetryableError(f"failing attempt {job.attempt} of {times}")
     record()
+
+
+@shared_task
+def crash():
+    """Kill the worker process running it (a poison job): no Python cleanup, like a segfault."""
+    os._exit(1)

@@ -6,6 +6,7 @@ data under ``CRON_AT_SCALE_DATA_DIR`` (default ``.demo-data`` at the
 repository root) and lives as long as this process.
 """
 
+import json
 import os
 from pathlib import Path
 
@@ -78,7 +79,8 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_DB_REUSE_MAX = 1000
 
 # cron_at_scale: one dict; see cron_at_scale/conf.py for every key and default.
-CRON_AT_SCALE = {}
+# CRON_AT_SCALE_SETTINGS (JSON) overrides keys, e.g. short leases in the fault suite.
+CRON_AT_SCALE = json.loads(os.environ.get("CRON_AT_SCALE_SETTINGS") or "{}")
 
 LOGGING = {
     "version": 1,
