@@ -49,6 +49,13 @@ def cancel(job_id) -> bool:
     return _cancel(job_id)
 
 
+def requeue(job_id=None, **filters: Any) -> int:
+    """Put failed jobs back to pending; see :func:`cron_at_scale.scheduling.requeue`."""
+    from .scheduling import requeue as _requeue
+
+    return _requeue(job_id, **filters)
+
+
 def __getattr__(name: str):
     if name in ("JobTask", "current_job"):
         from . import worker

@@ -26,6 +26,8 @@ DEFAULTS: dict[str, Any] = {
     "VALIDATE_TASK_NAMES": True,
     # Payload (args + kwargs as JSON) size limit, bytes.
     "MAX_PAYLOAD_BYTES": 64 * 1024,
+    # Retry every exception, not only RetryableError / autoretry_for / self.retry().
+    "RETRY_ALL_EXCEPTIONS": False,
     # Dead-letter queue: where failed jobs are announced.
     "DLQ_QUEUE": "cron_at_scale.dlq",
     # Celery app path ("module:attr"); None => celery.current_app.

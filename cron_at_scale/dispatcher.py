@@ -18,7 +18,7 @@ from datetime import timedelta
 
 from django.db import InterfaceError, OperationalError, transaction
 
-from . import conf, cron, db, failpoints
+from . import conf, cron, db, dlq, failpoints
 from .app import get_app
 from .publish import Claimed, publish_batch
 
@@ -95,11 +95,35 @@ class Dispatcher:
         return len(batch)
 
     def reap(self) -> int:
-        """Return attempts whose lease expired to their jobs (fire again or fail); return the count."""
-        rows = db.run("reap", {"limit": self.batch_size, "max_lost": self.max_lost})
-        if rows:
-            log.warning("reaped %d expired leases: %s", len(rows), ", ".join(str(r[0]) for r in rows[:10]))
-        return len(rows)
+        """Handle attempts whose lease expired; return how many were reaped.
+
+        One transaction marks them lost, puts their one-off jobs back to
+        pending (or fails them after ``MAX_LOST_ATTEMPTS``) and gives lost
+        cron runs a new attempt for the same occurrence; after the commit,
+        those runs are published and failed jobs announced on the DLQ.
+        """
+        refire: list[Claimed] = []
+        with transaction.atomic():
+            lost = db.run("reap", {"limit": self.batch_size}, retries=0)
+            if not lost:
+                return 0
+            failed = db.run("reap_once", {"job_ids": [r[0] for r in lost], "attempts": [r[1] for r in lost],
+                                          "max_lost": self.max_lost}, retries=0)
+            once = {r[0] for r in failed}
+            for job_id, _attempt, scheduled_at in lost:
+                if job_id in once:
+                    continue
+                rows = db.run("refire_cron", {"job_id": job_id, "scheduled_at": scheduled_at,
+                                              "max_lost": self.max_lost, "lease": self.lease}, retries=0)
+                refire += [Claimed.from_row(r) for r in rows]
+        log.warning("reaped %d expired leases (%d cron runs fired again): %s", len(lost), len(refire),
+                    ", ".join(f"{r[0]}:{r[1]}" for r in lost[:10]))
+        if refire:
+            publish_batch(self.app, refire)
+        for job_id, status, attempt, task in failed:
+            if status == "failed":
+                dlq.announce(self.app, job_id, attempt, task, f"lost {self.max_lost} attempts (lease expired each time)")
+        return len(lost)
 
     # -- the loop -------------------------------------------------------------------------
 

@@ -17,13 +17,16 @@ from . import conf
 log = logging.getLogger(__name__)
 
 
-def announce(app, ctx, task_name: str, error: str) -> None:
-    """Publish a dead-letter message for job ``ctx.job_id``; never raises (the row is the record)."""
+def announce(app, job_id, attempt: int, task_name: str, error: str) -> None:
+    """Publish a dead-letter message for attempt ``attempt`` of job ``job_id``.
+
+    Never raises: the job row (status ``failed``) is the record.
+    """
     name = conf.get("DLQ_QUEUE")
-    body = {"job_id": str(ctx.job_id), "attempt": ctx.attempt, "task": task_name, "error": error}
+    body = {"job_id": str(job_id), "attempt": attempt, "task": task_name, "error": error}
     try:
         with app.producer_or_acquire() as producer:
             queue = Queue(name, routing_key=name)
             producer.publish(body, exchange="", routing_key=name, declare=[queue], serializer="json", retry=True)
     except Exception:
-        log.exception("could not announce failed job %s on the dead-letter queue", ctx.job_id)
+        log.exception("could not announce failed job %s on the dead-letter queue", job_id)

@@ -55,7 +55,7 @@ SET started_at = statement_timestamp(),
 FROM cron_at_scale_job AS j
 WHERE a.job_id = %(job_id)s AND a.attempt = %(attempt)s AND a.outcome = 'dispatched'
   AND j.id = a.job_id
-RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retries, j.max_retries;
+RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retries, j.max_retries, j.options;
 
 -- name: finish_attempt
 -- Close an attempt and, for a one-off job still on this attempt, set its final status.
@@ -88,45 +88,84 @@ WHERE j.id = a.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress'
   AND j.attempts = %(attempt)s;
 
 -- name: heartbeat
--- Extend the leases of attempts running in this worker process; report
--- which of their jobs were cancelled meanwhile.
+-- Extend the leases of attempts running in this worker process (and of their
+-- one-off jobs, so the admin shows a live lease); report which of their jobs
+-- were cancelled meanwhile.
 WITH hb AS (
     UPDATE cron_at_scale_jobattempt AS a
     SET locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
     FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[]) AS r(job_id, attempt)
     WHERE a.job_id = r.job_id AND a.attempt = r.attempt AND a.finished_at IS NULL
-    RETURNING a.job_id
+    RETURNING a.job_id, a.attempt, a.locked_until
+), jobs AS (
+    UPDATE cron_at_scale_job AS j
+    SET locked_until = hb.locked_until
+    FROM hb
+    WHERE j.id = hb.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress' AND j.attempts = hb.attempt
 )
 SELECT j.id FROM cron_at_scale_job AS j JOIN hb ON hb.job_id = j.id
 WHERE j.cancel_requested;
 
 -- name: reap
--- Attempts whose lease expired with nobody finishing them (a dead worker,
--- a lost broker message, a dispatcher killed before publishing) are marked
--- lost; their one-off jobs go back to pending to fire again with the next
--- attempt number, or fail once they have lost too many attempts.
+-- Attempts whose lease expired with nobody finishing them (a dead worker, a
+-- lost broker message, a dispatcher killed before publishing) are marked
+-- lost. Safe with many dispatchers reaping at once (SKIP LOCKED).
 WITH expired AS (
     SELECT id FROM cron_at_scale_jobattempt
     WHERE finished_at IS NULL AND locked_until < statement_timestamp()
     ORDER BY locked_until
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), lost AS (
-    UPDATE cron_at_scale_jobattempt AS a
-    SET outcome = 'lost', finished_at = statement_timestamp(), error = 'lease expired'
-    FROM expired
-    WHERE a.id = expired.id
-    RETURNING a.job_id, a.attempt
 )
+UPDATE cron_at_scale_jobattempt AS a
+SET outcome = 'lost', finished_at = statement_timestamp(),
+    error = 'lease expired: the worker died or the message was lost'
+FROM expired
+WHERE a.id = expired.id
+RETURNING a.job_id, a.attempt, a.scheduled_at;
+
+-- name: reap_once
+-- One-off jobs of lost attempts go back to pending, to fire again at once
+-- with the next attempt number, or fail once they lost %(max_lost)s attempts
+-- (a poison job that kills its worker must end, in the dead-letter queue).
 UPDATE cron_at_scale_job AS j
 SET status = CASE WHEN j.lost_attempts + 1 >= %(max_lost)s THEN 'failed' ELSE 'pending' END,
     fire_at = CASE WHEN j.lost_attempts + 1 >= %(max_lost)s THEN j.fire_at ELSE statement_timestamp() END,
     lost_attempts = j.lost_attempts + 1,
     locked_by = '', locked_until = NULL, updated_at = statement_timestamp()
-FROM lost
-WHERE j.id = lost.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress'
-  AND j.attempts = lost.attempt
-RETURNING j.id, j.status;
+FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[]) AS l(job_id, attempt)
+WHERE j.id = l.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress' AND j.attempts = l.attempt
+RETURNING j.id, j.status, j.attempts, j.task;
+
+-- name: refire_cron
+-- A lost run of a live cron job fires again under a new attempt number, for
+-- the same scheduled occurrence, until that occurrence lost %(max_lost)s runs.
+WITH j AS (
+    UPDATE cron_at_scale_job AS j
+    SET attempts = j.attempts + 1, lost_attempts = j.lost_attempts + 1, updated_at = statement_timestamp()
+    WHERE j.id = %(job_id)s AND j.schedule_type = 'cron' AND j.status = 'pending'
+      AND (SELECT count(*) FROM cron_at_scale_jobattempt AS a
+           WHERE a.job_id = %(job_id)s AND a.scheduled_at = %(scheduled_at)s AND a.outcome = 'lost') < %(max_lost)s
+    RETURNING j.id, j.attempts, j.schedule_type, j.cron_expr, j.timezone, j.task, j.payload, j.queue, j.options
+), logged AS (
+    INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome)
+    SELECT id, attempts, %(scheduled_at)s, statement_timestamp(),
+           statement_timestamp() + make_interval(secs => %(lease)s), 'dispatched'
+    FROM j
+)
+SELECT id, attempts, %(scheduled_at)s::timestamptz, schedule_type, cron_expr, timezone, task, payload, queue, options
+FROM j;
+
+-- name: requeue
+-- Failed jobs back to pending, due now, with their retries and lost attempts reset.
+UPDATE cron_at_scale_job
+SET status = 'pending', fire_at = statement_timestamp(), retries = 0, lost_attempts = 0,
+    cancel_requested = false, locked_by = '', locked_until = NULL, updated_at = statement_timestamp()
+WHERE id = ANY(%(job_ids)s::uuid[]) AND status = 'failed'
+  AND (key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM cron_at_scale_job AS live
+      WHERE live.key = cron_at_scale_job.key AND live.status IN ('pending', 'in_progress')))
+RETURNING id;
 
 -- name: cancel
 -- Cancel a job unless it already finished; a running attempt sees the flag at

@@ -26,7 +26,8 @@ from .sql import QUERIES
 
 MAX_COUNTDOWN = 100 * 365 * 86400  # seconds; a longer horizon is a bug, not a plan
 MAX_JSON_DEPTH = 64
-_OPTIONS = {"priority"}  # Celery publish options a job may carry
+# Options a job may carry: Celery's message priority and the retry policy's overrides.
+_OPTIONS = {"priority", "retry_backoff", "retry_backoff_max", "retry_jitter", "retry_all_exceptions"}
 
 
 def _check_text(field: str, value: Any, max_len: int, *, allow_none: bool = False) -> str | None:
@@ -71,6 +72,18 @@ def _check_json(field: str, value: Any, depth: int = 0) -> None:
             _check_json(field, v, depth + 1)
         return
     raise ValidationError(field, f"{type(value).__name__} is not JSON-serializable (payloads are JSON only)")
+
+
+def _check_option(opt: str, value: Any) -> None:
+    if opt == "priority" and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255):
+        raise ValidationError(opt, f"must be an integer from 0 to 255, got {value!r:.40}")
+    if opt in ("retry_backoff", "retry_backoff_max") and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+        or not 0 <= value <= MAX_COUNTDOWN
+    ):
+        raise ValidationError(opt, f"must be a number of seconds from 0 to {MAX_COUNTDOWN}, got {value!r:.40}")
+    if opt in ("retry_jitter", "retry_all_exceptions") and not isinstance(value, bool):
+        raise ValidationError(opt, f"must be True or False, got {value!r:.40}")
 
 
 def _check_tz(tz: str) -> None:
@@ -139,8 +152,7 @@ def build_job(
     for opt, value in options.items():
         if opt not in _OPTIONS:
             raise ValidationError(opt, f"unknown option; known: {', '.join(sorted(_OPTIONS))}")
-        if opt == "priority" and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255):
-            raise ValidationError("priority", f"must be an integer from 0 to 255, got {value!r:.40}")
+        _check_option(opt, value)
     if not isinstance(tz, str):
         raise ValidationError("tz", f"must be an IANA time zone name, got {tz!r:.40}")
 
@@ -210,7 +222,9 @@ def schedule(task: Any, **spec: Any) -> Job:
     ``max_retries``: retries after the first attempt (Celery's meaning).
     ``key``: idempotency key, unique among live (pending or in-progress)
     jobs; scheduling the same key again returns the existing job.
-    ``priority``: Celery message priority.
+    ``priority``: Celery message priority. ``retry_backoff``,
+    ``retry_backoff_max`` (seconds), ``retry_jitter``, ``retry_all_exceptions``:
+    this job's retry policy (see ``cron_at_scale.retry``).
 
     Raises ``cron_at_scale.ValidationError`` (field named) and writes nothing.
     """
@@ -277,10 +291,51 @@ def cancel(job_id: uuid.UUID | str) -> bool:
     running one sees ``current_job().cancel_requested`` at its next heartbeat.
     Raises ``ValidationError`` (field ``job_id``) for a malformed id.
     """
+    with connection.cursor() as cur:
+        cur.execute(QUERIES["cancel"], {"job_id": _job_uuid(job_id)})
+        return cur.fetchone() is not None
+
+
+def requeue(job_id: uuid.UUID | str | None = None, *, task: str | None = None, queue: str | None = None,
+            failed_after: datetime | None = None, failed_before: datetime | None = None,
+            all_failed: bool = False, batch_size: int = 1000) -> int:
+    """Put failed jobs back to ``pending``, due now, with retries and lost attempts reset.
+
+    One job (``job_id``), or every failed job matching the filters (``task``
+    name, ``queue``, failed after/before an aware datetime); with no job id
+    and no filter, ``all_failed=True`` is required (so a typo cannot requeue
+    a whole dead-letter queue). Returns how many jobs were requeued. A job
+    whose idempotency key is held by a live job stays failed.
+    Raises ``ValidationError`` for a malformed id or filter.
+    """
+    from django.db.models import Q
+
+    query = Q(status=Status.FAILED)
+    if job_id is not None:
+        query &= Q(id=_job_uuid(job_id))
+    if task is not None:
+        query &= Q(task=_check_text("task", task, 200))
+    if queue is not None:
+        query &= Q(queue=_check_text("queue", queue, 200))
+    for field_name, value, lookup in (("failed_after", failed_after, "gte"), ("failed_before", failed_before, "lt")):
+        if value is not None:
+            if not isinstance(value, datetime) or value.tzinfo is None:
+                raise ValidationError(field_name, "must be an aware datetime")
+            query &= Q(**{f"updated_at__{lookup}": value})
+    if job_id is None and task is None and queue is None and failed_after is None and failed_before is None \
+            and not all_failed:
+        raise ValidationError("job_id", "give a job id, a filter, or all_failed=True")
+    ids = list(Job.objects.filter(query).values_list("id", flat=True))
+    done = 0
+    with connection.cursor() as cur:
+        for start in range(0, len(ids), batch_size):
+            cur.execute(QUERIES["requeue"], {"job_ids": ids[start : start + batch_size]})
+            done += cur.rowcount
+    return done
+
+
+def _job_uuid(job_id: Any) -> uuid.UUID:
     try:
-        job_uuid = job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(str(job_id))
+        return job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(str(job_id))
     except (ValueError, TypeError, AttributeError):
         raise ValidationError("job_id", f"{job_id!r:.60} is not a UUID") from None
-    with connection.cursor() as cur:
-        cur.execute(QUERIES["cancel"], {"job_id": job_uuid})
-        return cur.fetchone() is not None

@@ -22,6 +22,7 @@ Messages without the header (``task.delay()``) run exactly as before.
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
 import os
 import socket
@@ -54,7 +55,7 @@ class JobContext:
     max_retries: int
     cancel_requested: bool = False
     worker: str = ""
-    _retry_countdown: float | None = field(default=None, repr=False)
+    options: dict = field(default_factory=dict, repr=False)
 
 
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("cron_at_scale_job", default=None)
@@ -179,16 +180,20 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
     if row is None:
         log.info("skipping job %s attempt %d: already started or superseded", job_id, attempt)
         raise Ignore()
-    outcome, scheduled_at, schedule_type, cancel_requested, retries, max_retries = row
+    outcome, scheduled_at, schedule_type, cancel_requested, retries, max_retries, options = row
     if outcome == "cancelled":
         log.info("skipping job %s attempt %d: cancelled", job_id, attempt)
         raise Ignore()
     ctx = JobContext(UUID(job_id), attempt, scheduled_at, schedule_type, retries, max_retries,
-                     cancel_requested, me)
+                     cancel_requested, me, _json(options))
     token = _current.set(ctx)
     heartbeat.add(ctx)
+    task.request.retries = retries  # as Celery's own retries would show it
+    # Celery's autoretry_for wrapper would retry with an ETA message; the
+    # middleware handles those exceptions itself (a database state).
+    run = getattr(task, "_orig_run", None) or task.run
     try:
-        result = Task.__call__(task, *args, **kwargs)
+        result = run(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 (every task error is recorded; BaseException is a dying worker)
         if _record_failure(task, ctx, exc):
             raise Ignore() from exc  # retried: a database state, not a Celery failure
@@ -215,7 +220,8 @@ def _record_failure(task: JobTask, ctx: JobContext, exc: Exception) -> bool:
     trace = "".join(tb.format_exception(cause))[-20000:]
     params = {"job_id": str(ctx.job_id), "attempt": ctx.attempt, "error": error, "traceback": trace}
     retryable = isinstance(exc, _ScheduledRetry)
-    decision = retry.decide(task, cause if not retryable else _as_retryable(cause), ctx.retries, max_retries, countdown)
+    decision = retry.decide(task, cause if not retryable else _as_retryable(cause), ctx.retries, max_retries,
+                            countdown, job_options=ctx.options, retry_all=bool(conf.get("RETRY_ALL_EXCEPTIONS")))
     if ctx.schedule_type == "once" and decision.retry:
         db.run("retry_attempt", {**params, "delay": decision.delay}, fetch="count")
         log.info("job %s attempt %d failed (%s); retry in %.1fs", ctx.job_id, ctx.attempt, error, decision.delay)
@@ -224,8 +230,13 @@ def _record_failure(task: JobTask, ctx: JobContext, exc: Exception) -> bool:
     if ctx.schedule_type == "once":
         from .dlq import announce
 
-        announce(task.app, ctx, task.name, error)
+        announce(task.app, ctx.job_id, ctx.attempt, task.name, error)
     return False
+
+
+def _json(value) -> dict:
+    # Django's PostgreSQL backend hands jsonb to raw cursors as text.
+    return json.loads(value) if isinstance(value, str) else (value or {})
 
 
 def _drop_broken_connections() -> None:
