@@ -58,12 +58,17 @@ WHERE a.job_id = %(job_id)s AND a.attempt = %(attempt)s AND a.outcome = 'dispatc
 RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retries, j.max_retries, j.options;
 
 -- name: finish_attempt
--- Close an attempt and, for a one-off job still on this attempt, set its final status.
+-- Close an attempt and, for a one-off job still on this attempt, set its
+-- final status. An attempt whose job was cancelled while it ran ends
+-- 'cancelled' whatever the task returned (cooperative cancellation).
 WITH a AS (
-    UPDATE cron_at_scale_jobattempt
-    SET finished_at = statement_timestamp(), outcome = %(outcome)s, error = %(error)s, traceback = %(traceback)s
-    WHERE job_id = %(job_id)s AND attempt = %(attempt)s AND finished_at IS NULL
-    RETURNING job_id
+    UPDATE cron_at_scale_jobattempt AS a
+    SET finished_at = statement_timestamp(),
+        outcome = CASE WHEN j.status = 'cancelled' THEN 'cancelled' ELSE %(outcome)s END,
+        error = %(error)s, traceback = %(traceback)s
+    FROM cron_at_scale_job AS j
+    WHERE a.job_id = %(job_id)s AND a.attempt = %(attempt)s AND a.finished_at IS NULL AND j.id = a.job_id
+    RETURNING a.job_id
 )
 UPDATE cron_at_scale_job AS j
 SET status = %(status)s, locked_by = '', locked_until = NULL, updated_at = statement_timestamp()

@@ -49,3 +49,21 @@ def fail(times: int = 1):
 def crash():
     """Kill the worker process running it (a poison job): no Python cleanup, like a segfault."""
     os._exit(1)
+
+
+@shared_task(autoretry_for=(ValueError,), retry_backoff=1, retry_jitter=False)
+def flaky(times: int = 1):
+    """Raise ``ValueError`` (retried through ``autoretry_for``) on the first ``times`` attempts."""
+    job = current_job()
+    if job is not None and job.attempt <= int(times):
+        raise ValueError(f"flaky attempt {job.attempt}")
+    record()
+
+
+@shared_task(bind=True)
+def retry_self(self, times: int = 1):
+    """Call ``self.retry(countdown=0)`` on the first ``times`` attempts."""
+    job = current_job()
+    if job is not None and job.attempt <= int(times):
+        raise self.retry(countdown=0, exc=RuntimeError(f"retry_self attempt {job.attempt}"))
+    record()

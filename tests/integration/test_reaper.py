@@ -1,0 +1,134 @@
+"""Leases and the reaper, in process on PostgreSQL: lost attempts fire again, poison jobs end failed."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import sql
+
+import cron_at_scale
+from cron_at_scale import ValidationError
+from cron_at_scale.dispatcher import Dispatcher
+from cron_at_scale.models import Job, JobAttempt
+from demo.tasks import noop
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def dispatcher(monkeypatch):
+    published = []
+    monkeypatch.setattr("cron_at_scale.dispatcher.publish_batch", lambda app, batch: published.extend(batch) or len(batch))
+    announced = []
+    monkeypatch.setattr("cron_at_scale.dlq.announce", lambda *a: announced.append(a))
+    d = Dispatcher(name="t", lease=30)
+    d.published, d.announced = published, announced
+    return d
+
+
+def expire_leases():
+    sql("UPDATE cron_at_scale_jobattempt SET locked_until = statement_timestamp() - interval '1 second' "
+        "WHERE finished_at IS NULL")
+
+
+def test_unexpired_leases_are_left_alone(dispatcher):
+    cron_at_scale.schedule(noop)
+    dispatcher.claim()
+    assert dispatcher.reap() == 0
+    assert Job.objects.get().status == "in_progress"
+
+
+def test_lost_attempt_fires_again_with_the_next_attempt_number(dispatcher):
+    job = cron_at_scale.schedule(noop)
+    dispatcher.claim()
+    expire_leases()
+    assert dispatcher.reap() == 1
+    row = Job.objects.get(id=job.id)
+    assert (row.status, row.lost_attempts, row.retries) == ("pending", 1, 0)
+    assert JobAttempt.objects.get(job_id=job.id, attempt=1).outcome == "lost"
+    batch = dispatcher.claim()
+    assert [(str(c.job_id), c.attempt) for c in batch] == [(str(job.id), 2)]
+
+
+def test_a_job_that_keeps_losing_its_attempts_fails_and_is_dead_lettered(dispatcher, settings):
+    settings.CRON_AT_SCALE = {"MAX_LOST_ATTEMPTS": 3}
+    dispatcher.max_lost = 3
+    job = cron_at_scale.schedule(noop)
+    for _ in range(3):
+        assert len(dispatcher.claim()) == 1
+        expire_leases()
+        dispatcher.reap()
+    row = Job.objects.get(id=job.id)
+    assert (row.status, row.lost_attempts) == ("failed", 3)
+    assert [a[1:3] for a in dispatcher.announced] == [(job.id, 3)]
+    assert dispatcher.claim() == []
+
+
+def test_finished_attempts_are_never_reaped(dispatcher):
+    job = cron_at_scale.schedule(noop)
+    dispatcher.claim()
+    sql("UPDATE cron_at_scale_jobattempt SET finished_at = statement_timestamp(), outcome = 'succeeded'")
+    expire_leases()
+    assert dispatcher.reap() == 0
+    assert Job.objects.get(id=job.id).status == "in_progress"
+
+
+def test_a_lost_cron_run_fires_again_for_the_same_occurrence(dispatcher):
+    job = cron_at_scale.schedule(noop, cron="0 0 1 1 *")
+    sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - interval '1 second'")
+    (scheduled,), = sql("SELECT fire_at FROM cron_at_scale_job")
+    dispatcher.claim()
+    expire_leases()
+    assert dispatcher.reap() == 1
+    assert [(c.attempt, c.fire_at) for c in dispatcher.published] == [(2, scheduled)]
+    attempts = dict(JobAttempt.objects.filter(job_id=job.id).values_list("attempt", "outcome"))
+    assert attempts == {1: "lost", 2: "dispatched"}
+    row = Job.objects.get(id=job.id)
+    assert row.status == "pending" and row.fire_at > scheduled  # the schedule moved on regardless
+
+
+def test_a_cancelled_cron_jobs_lost_run_is_not_fired_again(dispatcher):
+    job = cron_at_scale.schedule(noop, cron="0 0 1 1 *")
+    sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - interval '1 second'")
+    dispatcher.claim()
+    cron_at_scale.cancel(job.id)
+    expire_leases()
+    assert dispatcher.reap() == 1
+    assert dispatcher.published == []
+
+
+def test_requeue_puts_failed_jobs_back_with_retries_reset():
+    a = cron_at_scale.schedule(noop)
+    b = cron_at_scale.schedule("demo.tasks.record")
+    c = cron_at_scale.schedule(noop)
+    sql("UPDATE cron_at_scale_job SET status = 'failed', retries = 3, lost_attempts = 1 WHERE id <> %s", [c.id])
+    assert cron_at_scale.requeue(a.id) == 1
+    row = Job.objects.get(id=a.id)
+    assert (row.status, row.retries, row.lost_attempts) == ("pending", 0, 0)
+    assert cron_at_scale.requeue(a.id) == 0  # not failed any more
+    assert cron_at_scale.requeue(task="demo.tasks.record") == 1
+    assert Job.objects.get(id=b.id).status == "pending"
+    with pytest.raises(ValidationError):
+        cron_at_scale.requeue()  # neither an id nor a filter nor all_failed=True
+    with pytest.raises(ValidationError):
+        cron_at_scale.requeue("nope")
+
+
+def test_requeue_leaves_a_job_whose_key_is_live_again():
+    old = cron_at_scale.schedule(noop, key="k")
+    sql("UPDATE cron_at_scale_job SET status = 'failed'")
+    cron_at_scale.schedule(noop, key="k")
+    assert cron_at_scale.requeue(all_failed=True) == 0
+    assert Job.objects.get(id=old.id).status == "failed"
+
+
+def test_cron_requeue_command(capsys):
+    from django.core.management import CommandError, call_command
+
+    job = cron_at_scale.schedule(noop)
+    sql("UPDATE cron_at_scale_job SET status = 'failed'")
+    call_command("cron_requeue", str(job.id))
+    assert "requeued 1 job" in capsys.readouterr().out
+    with pytest.raises(CommandError, match="not a failed job"):
+        call_command("cron_requeue", str(job.id))
+    with pytest.raises(CommandError, match="job_id"):
+        call_command("cron_requeue")
