@@ -19,6 +19,8 @@ __all__ = [
     "schedule_many",
     "cancel",
     "requeue",
+    "pause",
+    "resume",
     "JobTask",
     "RetryableError",
     "ValidationError",
@@ -54,6 +56,20 @@ def requeue(job_id=None, **filters: Any) -> int:
     from .scheduling import requeue as _requeue
 
     return _requeue(job_id, **filters)
+
+
+def pause(job_id, note: str = "") -> bool:
+    """Hold a recurring job; see :func:`cron_at_scale.scheduling.pause`."""
+    from .scheduling import pause as _pause
+
+    return _pause(job_id, note)
+
+
+def resume(job_id) -> bool:
+    """Resume a paused job; see :func:`cron_at_scale.scheduling.resume`."""
+    from .scheduling import resume as _resume
+
+    return _resume(job_id)
 
 
 def __getattr__(name: str):

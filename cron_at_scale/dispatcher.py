@@ -14,20 +14,16 @@ import signal
 import socket
 import threading
 import time
-from datetime import timedelta
+from dataclasses import replace
 
 from django.db import InterfaceError, OperationalError, transaction
 
-from . import conf, cron, db, dlq, failpoints
+from . import conf, db, dlq, failpoints
 from .app import get_app
 from .publish import Claimed, publish_batch
+from .recurrence import Recurrence, plan
 
 log = logging.getLogger(__name__)
-
-# Cron occurrences missed by more than this are skipped rather than fired in a
-# burst after downtime (seconds); the occurrence in hand always fires.
-CATCHUP_WINDOW = 60.0
-
 
 def default_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -58,26 +54,50 @@ class Dispatcher:
     # -- one step -------------------------------------------------------------------------
 
     def claim(self) -> list[Claimed]:
-        """Claim up to ``batch_size`` due jobs and move claimed cron jobs to their next fire_at.
+        """Claim up to ``batch_size`` due jobs; return the runs to publish.
 
-        One transaction: the claim statement, then (only if cron jobs were
-        claimed) one statement advancing them.
+        One transaction: the claim statement, then (only if recurring jobs
+        were claimed) one statement moving them to their next occurrence and
+        logging the runs they fire now (see :mod:`cron_at_scale.recurrence`).
         """
         with transaction.atomic():
             rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease}, retries=0)
-            batch = [Claimed.from_row(r) for r in rows]
-            if not batch:
-                return batch
-            db_now = rows[0][10]
-            ids, fire_ats = [], []
-            for c in batch:
-                if c.schedule_type == "cron":
-                    start = max(c.fire_at, db_now - timedelta(seconds=CATCHUP_WINDOW))
-                    ids.append(c.job_id)
-                    fire_ats.append(cron.next_fire_time(c.cron_expr, c.timezone, start))
-            if ids:
-                db.run("advance_cron", {"ids": ids, "fire_ats": fire_ats}, fetch="count", retries=0)
-        return batch
+            runs = [Claimed.from_row(r) for r in rows if r[3] == "once"]
+            recurring = [r for r in rows if r[3] != "once"]
+            if recurring:
+                runs += self._advance(recurring)
+        return runs
+
+    def _advance(self, rows) -> list[Claimed]:
+        moved = {k: [] for k in ("ids", "fire_ats", "occurrences", "n_attempts", "missed", "skipped", "buffers")}
+        logged = {k: [] for k in ("a_job_ids", "a_attempts", "a_scheduled", "a_outcomes")}
+        runs: list[Claimed] = []
+        for row in rows:
+            base = Claimed.from_row(row)
+            interval, occurrence_at, catchup, window, overlap, jitter, buffered_at, db_now, running = row[10:19]
+            rec = Recurrence(str(base.job_id), base.schedule_type, base.cron_expr, base.timezone, interval,
+                             jitter, catchup, window, overlap)
+            occurrence_at = occurrence_at or base.fire_at
+            if buffered_at is None and base.fire_at < occurrence_at:
+                buffered_at = base.fire_at  # fire_at moved before the schedule ("run now"): one extra run
+            p = plan(rec, occurrence_at, db_now, running=running, buffered=buffered_at)
+            attempt = base.attempts
+            for (occ, due_at), outcome in [*((s, "skipped") for s in p.skipped), *((f, "dispatched") for f in p.fire)]:
+                attempt += 1
+                logged["a_job_ids"].append(base.job_id)
+                logged["a_attempts"].append(attempt)
+                logged["a_scheduled"].append(due_at)
+                logged["a_outcomes"].append(outcome)
+                if outcome == "dispatched":
+                    runs.append(replace(base, attempt=attempt, fire_at=due_at, occurrence=occ))
+            for key, value in zip(moved, (base.job_id, p.next_fire_at, p.next_occurrence, attempt - base.attempts,
+                                          p.missed, len(p.skipped), p.buffer)):
+                moved[key].append(value)
+            if p.missed or p.skipped:
+                log.warning("job %s: %d occurrences missed (catch-up %s, window %.0fs), %d skipped (overlap %s)",
+                            base.job_id, p.missed, catchup, window, len(p.skipped), overlap)
+        db.run("advance_recurring", {**moved, **logged, "lease": self.lease}, fetch="count", retries=0)
+        return runs
 
     def tick(self) -> int:
         """Claim one batch and publish it; return the number of jobs claimed."""

@@ -19,11 +19,29 @@ class Status(models.TextChoices):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    PAUSED = "paused"  # a recurring job on hold; resume() follows its catch-up policy
 
 
 class ScheduleType(models.TextChoices):
     ONCE = "once"
     CRON = "cron"
+    INTERVAL = "interval"  # every ``interval`` seconds from the previous scheduled fire_at
+
+
+class Catchup(models.TextChoices):
+    """What a recurring job does with occurrences that fell due while nobody fired them."""
+
+    LATEST = "latest"  # fire the latest missed occurrence within the window, once
+    ALL = "all"  # fire every missed occurrence within the window
+    SKIP = "skip"  # fire none; wait for the next future occurrence
+
+
+class Overlap(models.TextChoices):
+    """What a recurring job does when an occurrence falls due while its previous run is unfinished."""
+
+    SKIP = "skip"  # do not fire it (recorded as a skipped attempt)
+    BUFFER_ONE = "buffer_one"  # fire it when the previous run ends (at most one waits)
+    ALLOW = "allow"  # fire it anyway; runs overlap
 
 
 class Outcome(models.TextChoices):
@@ -33,10 +51,13 @@ class Outcome(models.TextChoices):
     FAILED = "failed"  # raised; the job failed (no retry left)
     RETRIED = "retried"  # raised; the job was put back to pending with a backoff
     CANCELLED = "cancelled"  # the job was cancelled before or while this attempt ran
+    SKIPPED = "skipped"  # an occurrence not fired: the previous run was unfinished (overlap skip)
     LOST = "lost"  # lease expired with nobody finishing it (dead worker, lost message)
 
 
-LIVE_STATUSES = (Status.PENDING, Status.IN_PROGRESS)
+LIVE_STATUSES = (Status.PENDING, Status.IN_PROGRESS, Status.PAUSED)
+
+DEFAULT_CATCHUP_WINDOW = 300.0  # seconds: a restart or deploy is caught up, a day-long outage is not
 
 
 class Job(models.Model):
@@ -64,6 +85,19 @@ class Job(models.Model):
     locked_by = models.CharField(max_length=200, blank=True, db_default="")
     locked_until = models.DateTimeField(null=True, blank=True)
     key = models.CharField(max_length=255, null=True, blank=True, help_text="Idempotency key, unique among live jobs.")
+    # Recurring jobs (cron, interval): the policies of issue "cron that is right".
+    interval = models.FloatField(null=True, blank=True, help_text="Seconds between occurrences (interval jobs).")
+    occurrence_at = models.DateTimeField(
+        null=True, blank=True, help_text="The nominal occurrence fire_at stands for (fire_at minus jitter)."
+    )
+    catchup = models.CharField(max_length=8, choices=Catchup.choices, db_default=Catchup.LATEST)
+    catchup_window = models.FloatField(db_default=DEFAULT_CATCHUP_WINDOW, help_text="Seconds.")
+    overlap = models.CharField(max_length=12, choices=Overlap.choices, db_default=Overlap.SKIP)
+    jitter = models.FloatField(db_default=0.0, help_text="Seconds; each occurrence fires in [t, t + jitter).")
+    buffered_at = models.DateTimeField(null=True, blank=True, help_text="An occurrence waiting for the running one.")
+    missed_occurrences = models.PositiveIntegerField(db_default=0)
+    skipped_occurrences = models.PositiveIntegerField(db_default=0)
+    pause_note = models.TextField(blank=True, db_default="")
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 
@@ -76,7 +110,7 @@ class Job(models.Model):
             models.UniqueConstraint(
                 fields=["key"],
                 name="cron_job_live_key",
-                condition=Q(key__isnull=False) & Q(status__in=["pending", "in_progress"]),
+                condition=Q(key__isnull=False) & Q(status__in=["pending", "in_progress", "paused"]),
             ),
         ]
 
@@ -112,6 +146,8 @@ class JobAttempt(models.Model):
         indexes = [
             # The reaper's scan: unfinished attempts by lease expiry.
             models.Index(fields=["locked_until"], name="cron_attempt_open_lease", condition=Q(finished_at__isnull=True)),
+            # The overlap check: is a run of this job unfinished?
+            models.Index(fields=["job"], name="cron_attempt_open_job", condition=Q(finished_at__isnull=True)),
         ]
 
     @property

@@ -28,7 +28,7 @@ class Claimed:
     """One claimed run, as the claim statement returned it."""
 
     job_id: Any
-    attempt: int
+    attempt: int  # for a recurring job as claimed: its attempt counter before this claim
     fire_at: datetime
     schedule_type: str
     cron_expr: str
@@ -37,6 +37,11 @@ class Claimed:
     payload: dict
     queue: str
     options: dict
+    occurrence: datetime | None = None  # a recurring run's nominal occurrence (fire_at minus jitter)
+
+    @property
+    def attempts(self) -> int:
+        return self.attempt
 
     @classmethod
     def from_row(cls, row) -> Claimed:
@@ -50,7 +55,10 @@ class Claimed:
 
 
 def header(c: Claimed) -> dict:
-    return {"job_id": str(c.job_id), "attempt": c.attempt, "fire_at": c.fire_at.isoformat()}
+    """The ``cron_at_scale`` message header: which run this is. ``fire_at``: when it was due;
+    ``occurrence``: the schedule's nominal time of a recurring run (``fire_at`` without jitter)."""
+    return {"job_id": str(c.job_id), "attempt": c.attempt, "fire_at": c.fire_at.isoformat(),
+            "occurrence": (c.occurrence or c.fire_at).isoformat()}
 
 
 def publish_batch(app: Celery, batch: list[Claimed]) -> int:

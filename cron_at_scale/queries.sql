@@ -5,9 +5,11 @@
 
 -- name: claim
 -- Claim up to %(limit)s due jobs in ONE statement: lock them (skipping rows
--- another dispatcher holds), bump the attempt number, set the dispatch lease,
--- and write the attempt log rows. A one-off job moves to in_progress; a cron
--- job stays pending (the dispatcher moves its fire_at on before committing).
+-- another dispatcher holds). A one-off job moves to in_progress with the next
+-- attempt number, its dispatch lease and its attempt log row, all here.
+-- A recurring job stays pending and locked: the dispatcher decides which of
+-- its occurrences fire (catch-up, overlap) and writes them with
+-- advance_recurring, in this same transaction.
 WITH due AS (
     SELECT id FROM cron_at_scale_job
     WHERE status = 'pending' AND fire_at <= statement_timestamp()
@@ -17,29 +19,53 @@ WITH due AS (
 ), claimed AS (
     UPDATE cron_at_scale_job AS j
     SET status = CASE WHEN j.schedule_type = 'once' THEN 'in_progress' ELSE j.status END,
-        attempts = j.attempts + 1,
-        locked_by = %(dispatcher)s,
-        locked_until = statement_timestamp() + make_interval(secs => %(lease)s),
+        attempts = CASE WHEN j.schedule_type = 'once' THEN j.attempts + 1 ELSE j.attempts END,
+        locked_by = CASE WHEN j.schedule_type = 'once' THEN %(dispatcher)s ELSE j.locked_by END,
+        locked_until = CASE WHEN j.schedule_type = 'once'
+                            THEN statement_timestamp() + make_interval(secs => %(lease)s) ELSE j.locked_until END,
         updated_at = statement_timestamp()
     FROM due
     WHERE j.id = due.id
     RETURNING j.id, j.attempts, j.fire_at, j.schedule_type, j.cron_expr, j.timezone,
-              j.task, j.payload, j.queue, j.options
+              j.task, j.payload, j.queue, j.options,
+              j.interval, j.occurrence_at, j.catchup, j.catchup_window, j.overlap, j.jitter,
+              j.buffered_at
 ), logged AS (
     INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome)
-    SELECT id, attempts, fire_at, statement_timestamp(), statement_timestamp() + make_interval(secs => %(lease)s), 'dispatched'
+    SELECT id, attempts, fire_at, statement_timestamp(),
+           statement_timestamp() + make_interval(secs => %(lease)s), 'dispatched'
     FROM claimed
+    WHERE schedule_type = 'once'
 )
-SELECT id, attempts, fire_at, schedule_type, cron_expr, timezone, task, payload, queue, options, statement_timestamp()
-FROM claimed;
+SELECT c.*, statement_timestamp(),
+       c.schedule_type <> 'once' AND c.overlap <> 'allow' AND EXISTS (
+           SELECT 1 FROM cron_at_scale_jobattempt AS a WHERE a.job_id = c.id AND a.finished_at IS NULL
+       ) AS running
+FROM claimed AS c;
 
--- name: advance_cron
--- Move claimed cron jobs on to their next fire_at (computed from the
--- scheduled fire_at, so the schedule never drifts), in the claim's transaction.
-UPDATE cron_at_scale_job AS j
-SET fire_at = v.fire_at, locked_by = '', locked_until = NULL
-FROM unnest(%(ids)s::uuid[], %(fire_ats)s::timestamptz[]) AS v(id, fire_at)
-WHERE j.id = v.id;
+-- name: advance_recurring
+-- Claimed recurring jobs move on to their next occurrence; the runs fired
+-- now and the occurrences skipped (overlap) get their attempt rows.
+WITH moved AS (
+    UPDATE cron_at_scale_job AS j
+    SET fire_at = v.fire_at, occurrence_at = v.occurrence_at,
+        attempts = j.attempts + v.n_attempts,
+        missed_occurrences = j.missed_occurrences + v.missed,
+        skipped_occurrences = j.skipped_occurrences + v.skipped,
+        buffered_at = v.buffer,
+        updated_at = statement_timestamp()
+    FROM unnest(%(ids)s::uuid[], %(fire_ats)s::timestamptz[], %(occurrences)s::timestamptz[],
+                %(n_attempts)s::int[], %(missed)s::int[], %(skipped)s::int[], %(buffers)s::timestamptz[])
+         AS v(id, fire_at, occurrence_at, n_attempts, missed, skipped, buffer)
+    WHERE j.id = v.id
+)
+INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome, finished_at)
+SELECT r.job_id, r.attempt, r.scheduled_at, statement_timestamp(),
+       CASE WHEN r.outcome = 'dispatched' THEN statement_timestamp() + make_interval(secs => %(lease)s) END,
+       r.outcome,
+       CASE WHEN r.outcome = 'skipped' THEN statement_timestamp() END
+FROM unnest(%(a_job_ids)s::uuid[], %(a_attempts)s::int[], %(a_scheduled)s::timestamptz[], %(a_outcomes)s::text[])
+     AS r(job_id, attempt, scheduled_at, outcome);
 
 -- name: start_attempt
 -- A worker starts an attempt: one statement. Only a 'dispatched' attempt
@@ -71,10 +97,16 @@ WITH a AS (
     RETURNING a.job_id
 )
 UPDATE cron_at_scale_job AS j
-SET status = %(status)s, locked_by = '', locked_until = NULL, updated_at = statement_timestamp()
+SET status = CASE WHEN j.schedule_type = 'once' THEN %(status)s ELSE j.status END,
+    -- a recurring job with a buffered occurrence (overlap buffer_one) is due now
+    fire_at = CASE WHEN j.schedule_type = 'once' THEN j.fire_at ELSE statement_timestamp() END,
+    locked_by = CASE WHEN j.schedule_type = 'once' THEN '' ELSE j.locked_by END,
+    locked_until = CASE WHEN j.schedule_type = 'once' THEN NULL ELSE j.locked_until END,
+    updated_at = statement_timestamp()
 FROM a
-WHERE j.id = a.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress'
-  AND j.attempts = %(attempt)s;
+WHERE j.id = a.job_id AND (
+    (j.schedule_type = 'once' AND j.status = 'in_progress' AND j.attempts = %(attempt)s)
+    OR (j.schedule_type <> 'once' AND j.status = 'pending' AND j.buffered_at IS NOT NULL));
 
 -- name: retry_attempt
 -- Close an attempt as retried and put its one-off job back to pending after
@@ -148,7 +180,7 @@ RETURNING j.id, j.status, j.attempts, j.task;
 WITH j AS (
     UPDATE cron_at_scale_job AS j
     SET attempts = j.attempts + 1, lost_attempts = j.lost_attempts + 1, updated_at = statement_timestamp()
-    WHERE j.id = %(job_id)s AND j.schedule_type = 'cron' AND j.status = 'pending'
+    WHERE j.id = %(job_id)s AND j.schedule_type <> 'once' AND j.status = 'pending'
       AND (SELECT count(*) FROM cron_at_scale_jobattempt AS a
            WHERE a.job_id = %(job_id)s AND a.scheduled_at = %(scheduled_at)s AND a.outcome = 'lost') < %(max_lost)s
     RETURNING j.id, j.attempts, j.schedule_type, j.cron_expr, j.timezone, j.task, j.payload, j.queue, j.options
@@ -177,8 +209,23 @@ RETURNING id;
 -- its next heartbeat (cooperative cancellation).
 UPDATE cron_at_scale_job
 SET status = 'cancelled', cancel_requested = true, locked_by = '', locked_until = NULL, updated_at = statement_timestamp()
-WHERE id = %(job_id)s AND status IN ('pending', 'in_progress')
+WHERE id = %(job_id)s AND status IN ('pending', 'in_progress', 'paused')
 RETURNING id;
 
 -- name: db_now
 SELECT statement_timestamp();
+
+-- name: pause
+-- Hold a recurring job; its pending occurrence stays where it is.
+UPDATE cron_at_scale_job
+SET status = 'paused', pause_note = %(note)s, updated_at = statement_timestamp()
+WHERE id = %(job_id)s AND schedule_type <> 'once' AND status = 'pending'
+RETURNING id;
+
+-- name: resume
+-- Back to pending: the occurrences that fell due while paused follow the
+-- job's catch-up policy at its next claim.
+UPDATE cron_at_scale_job
+SET status = 'pending', pause_note = '', updated_at = statement_timestamp()
+WHERE id = %(job_id)s AND status = 'paused'
+RETURNING id;

@@ -21,7 +21,8 @@ from . import conf
 from . import cron as cronlib
 from .app import is_registered
 from .exceptions import ValidationError
-from .models import LIVE_STATUSES, Job, ScheduleType, Status
+from .models import DEFAULT_CATCHUP_WINDOW, LIVE_STATUSES, Catchup, Job, Overlap, ScheduleType, Status
+from .recurrence import Recurrence
 from .sql import QUERIES
 
 MAX_COUNTDOWN = 100 * 365 * 86400  # seconds; a longer horizon is a bug, not a plan
@@ -86,6 +87,32 @@ def _check_option(opt: str, value: Any) -> None:
         raise ValidationError(opt, f"must be True or False, got {value!r:.40}")
 
 
+def _seconds(field_name: str, value: Any, minimum: float = 0.0) -> float:
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or not minimum <= value <= MAX_COUNTDOWN:
+        raise ValidationError(field_name, f"must be seconds (or a timedelta) from {minimum} to {MAX_COUNTDOWN}, "
+                                          f"got {value!r:.40}")
+    return float(value)
+
+
+def _check_policy(recurring: bool, catchup: str, window: Any, overlap: str, jitter: Any) -> dict:
+    """Validate the recurring-job policies (see ``cron_at_scale.recurrence``)."""
+    if catchup not in Catchup.values:
+        raise ValidationError("catchup", f"must be one of {', '.join(Catchup.values)}, got {catchup!r:.40}")
+    if overlap not in Overlap.values:
+        raise ValidationError("overlap", f"must be one of {', '.join(Overlap.values)}, got {overlap!r:.40}")
+    window = DEFAULT_CATCHUP_WINDOW if window is None else _seconds("catchup_window", window)
+    jitter = _seconds("jitter", jitter)
+    customised = (catchup != "latest" or overlap != "skip" or window != DEFAULT_CATCHUP_WINDOW or jitter)
+    if customised and not recurring:
+        raise ValidationError("catchup" if catchup != "latest" else "overlap" if overlap != "skip" else
+                              "catchup_window" if window != DEFAULT_CATCHUP_WINDOW else "jitter",
+                              "applies to recurring jobs only (cron= or every=)")
+    return {"catchup": catchup, "catchup_window": window, "overlap": overlap, "jitter": jitter}
+
+
 def _check_tz(tz: str) -> None:
     _check_text("tz", tz, 64)
     try:
@@ -124,14 +151,19 @@ def build_job(
     queue: str | None = None,
     max_retries: int = 3,
     key: str | None = None,
+    every: float | timedelta | None = None,
+    catchup: str = "latest",
+    catchup_window: float | timedelta | None = None,
+    overlap: str = "skip",
+    jitter: float | timedelta = 0,
     db_now: datetime | None = None,
     **options: Any,
 ) -> Job:
     """Validate one job's arguments and return the unsaved ``Job`` (see ``schedule``)."""
     name = _task_name(task)
-    given = [n for n, v in (("at", at), ("countdown", countdown), ("cron", cron)) if v is not None]
-    if len(given) > 1:
-        raise ValidationError(given[1], f"give one of at, countdown, cron; got {' and '.join(given)}")
+    given = [n for n, v in (("at", at), ("countdown", countdown), ("cron", cron), ("every", every)) if v is not None]
+    if len(given) > 1 and given != ["at", "every"]:
+        raise ValidationError(given[1], f"give one of at, countdown, cron, every (or at with every); got {' and '.join(given)}")
     if isinstance(args, (str, bytes, Mapping)) or not isinstance(args, Iterable):
         raise ValidationError("args", f"must be a list or tuple, got {type(args).__name__}")
     args = list(args)
@@ -156,12 +188,18 @@ def build_job(
     if not isinstance(tz, str):
         raise ValidationError("tz", f"must be an IANA time zone name, got {tz!r:.40}")
 
-    schedule_type = ScheduleType.ONCE
+    recurring = cron is not None or every is not None
+    job_id = uuid.uuid4()
+    policy = _check_policy(recurring, catchup, catchup_window, overlap, jitter)
+    if every is not None:
+        every = _seconds("every", every, minimum=0.001)
     if at is not None:
         if not isinstance(at, datetime):
             raise ValidationError("at", f"must be a datetime, got {type(at).__name__}")
         if at.tzinfo is None or at.utcoffset() is None:
             raise ValidationError("at", "must be an aware datetime (naive datetimes are ambiguous; use UTC)")
+    schedule_type, occurrence_at = ScheduleType.ONCE, None
+    if at is not None and every is None:
         fire_at = at
     else:
         now = db_now or _db_now()
@@ -171,17 +209,25 @@ def build_job(
             if not math.isfinite(countdown) or not 0 <= countdown <= MAX_COUNTDOWN:
                 raise ValidationError("countdown", f"must be from 0 to {MAX_COUNTDOWN} seconds, got {countdown!r}")
             fire_at = now + timedelta(seconds=countdown)
-        elif cron is not None:
-            cronlib.validate(cron, tz)
-            fire_at = cronlib.next_fire_time(cron, tz, now)
-            schedule_type = ScheduleType.CRON
+        elif recurring:
+            if cron is not None:
+                cronlib.validate(cron, tz)
+                schedule_type = ScheduleType.CRON
+            else:
+                _check_tz(tz)
+                schedule_type = ScheduleType.INTERVAL
+            rec = Recurrence(str(job_id), schedule_type, cron or "", tz, every, policy["jitter"])
+            occurrence_at, fire_at = rec.first(now, start=at)
         else:
             fire_at = now
     if schedule_type == ScheduleType.ONCE:
         _check_tz(tz)
     return Job(
-        id=uuid.uuid4(),
+        id=job_id,
         schedule_type=schedule_type,
+        interval=every,
+        occurrence_at=occurrence_at,
+        **policy,
         fire_at=fire_at,
         cron_expr=cron or "",
         timezone=tz,
@@ -222,7 +268,12 @@ def schedule(task: Any, **spec: Any) -> Job:
     ``max_retries``: retries after the first attempt (Celery's meaning).
     ``key``: idempotency key, unique among live (pending or in-progress)
     jobs; scheduling the same key again returns the existing job.
-    ``priority``: Celery message priority. ``retry_backoff``,
+    ``every``: seconds (or a timedelta) between occurrences of an interval
+    job, counted from the previous scheduled one (first at ``at`` if given).
+    Recurring jobs (``cron``/``every``) take ``catchup`` (``"latest"``,
+    ``"all"``, ``"skip"``), ``catchup_window`` (seconds, default 300),
+    ``overlap`` (``"skip"``, ``"buffer_one"``, ``"allow"``) and ``jitter``
+    (seconds); see ``cron_at_scale.recurrence``. ``priority``: Celery message priority. ``retry_backoff``,
     ``retry_backoff_max`` (seconds), ``retry_jitter``, ``retry_all_exceptions``:
     this job's retry policy (see ``cron_at_scale.retry``).
 
@@ -339,3 +390,24 @@ def _job_uuid(job_id: Any) -> uuid.UUID:
         return job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(str(job_id))
     except (ValueError, TypeError, AttributeError):
         raise ValidationError("job_id", f"{job_id!r:.60} is not a UUID") from None
+
+
+def pause(job_id: uuid.UUID | str, note: str = "") -> bool:
+    """Hold a recurring (cron or interval) job; True if this call paused it.
+
+    A run already started goes on. ``note`` (say why) shows in the admin.
+    Raises ``ValidationError`` for a malformed id or note.
+    """
+    if not isinstance(note, str) or len(note) > 2000 or "\x00" in note:
+        raise ValidationError("note", "must be a string of at most 2000 characters")
+    with connection.cursor() as cur:
+        cur.execute(QUERIES["pause"], {"job_id": _job_uuid(job_id), "note": note})
+        return cur.fetchone() is not None
+
+
+def resume(job_id: uuid.UUID | str) -> bool:
+    """Resume a paused job; True if this call resumed it. Occurrences that fell
+    due while it was paused follow its catch-up policy (``catchup``, ``catchup_window``)."""
+    with connection.cursor() as cur:
+        cur.execute(QUERIES["resume"], {"job_id": _job_uuid(job_id)})
+        return cur.fetchone() is not None

@@ -56,14 +56,16 @@ class JobContext:
     cancel_requested: bool = False
     worker: str = ""
     options: dict = field(default_factory=dict, repr=False)
+    occurrence: datetime | None = None  # a recurring run's nominal occurrence (fire_at without jitter)
 
 
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("cron_at_scale_job", default=None)
 
 
 def current_job() -> JobContext | None:
-    """Inside a scheduled run: its ``job_id``, ``attempt``, scheduled ``fire_at`` and
-    ``cancel_requested`` (refreshed by the heartbeat); ``None`` outside one."""
+    """Inside a scheduled run: its ``job_id``, ``attempt``, scheduled ``fire_at`` (when it was due),
+    ``occurrence`` (a recurring run's nominal schedule time) and ``cancel_requested`` (refreshed
+    by the heartbeat); ``None`` outside one."""
     return _current.get()
 
 
@@ -185,7 +187,7 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
         log.info("skipping job %s attempt %d: cancelled", job_id, attempt)
         raise Ignore()
     ctx = JobContext(UUID(job_id), attempt, scheduled_at, schedule_type, retries, max_retries,
-                     cancel_requested, me, _json(options))
+                     cancel_requested, me, _json(options), _occurrence(meta, scheduled_at))
     token = _current.set(ctx)
     heartbeat.add(ctx)
     task.request.retries = retries  # as Celery's own retries would show it
@@ -232,6 +234,13 @@ def _record_failure(task: JobTask, ctx: JobContext, exc: Exception) -> bool:
 
         announce(task.app, ctx.job_id, ctx.attempt, task.name, error)
     return False
+
+
+def _occurrence(meta: dict, default: datetime) -> datetime:
+    try:
+        return datetime.fromisoformat(meta["occurrence"])
+    except (KeyError, TypeError, ValueError):
+        return default
 
 
 def _json(value) -> dict:

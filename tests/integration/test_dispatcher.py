@@ -67,7 +67,8 @@ def test_due_ness_ignores_this_process_clock(monkeypatch):
 def test_cron_job_moves_on_from_its_scheduled_fire_at_without_drift():
     job = cron_at_scale.schedule(noop, cron="*/10 * * * * *")
     scheduled = Job.objects.get(id=job.id).fire_at
-    sql("UPDATE cron_at_scale_job SET fire_at = fire_at - interval '10 seconds' WHERE id = %s", [job.id])
+    sql("UPDATE cron_at_scale_job SET fire_at = fire_at - interval '10 seconds', "
+        "occurrence_at = occurrence_at - interval '10 seconds' WHERE id = %s", [job.id])
     first = scheduled - timedelta(seconds=10)
     batch = Dispatcher().claim()
     assert len(batch) == 1 and batch[0].fire_at == first

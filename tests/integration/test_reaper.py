@@ -74,7 +74,8 @@ def test_finished_attempts_are_never_reaped(dispatcher):
 
 def test_a_lost_cron_run_fires_again_for_the_same_occurrence(dispatcher):
     job = cron_at_scale.schedule(noop, cron="0 0 1 1 *")
-    sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - interval '1 second'")
+    sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - interval '1 second', occurrence_at = "
+        "statement_timestamp() - interval '1 second'")
     (scheduled,), = sql("SELECT fire_at FROM cron_at_scale_job")
     dispatcher.claim()
     expire_leases()
@@ -88,7 +89,8 @@ def test_a_lost_cron_run_fires_again_for_the_same_occurrence(dispatcher):
 
 def test_a_cancelled_cron_jobs_lost_run_is_not_fired_again(dispatcher):
     job = cron_at_scale.schedule(noop, cron="0 0 1 1 *")
-    sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - interval '1 second'")
+    sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - interval '1 second', occurrence_at = "
+        "statement_timestamp() - interval '1 second'")
     dispatcher.claim()
     cron_at_scale.cancel(job.id)
     expire_leases()

@@ -123,7 +123,9 @@ class Command(BaseCommand):
         for job in jobs:
             cron_at_scale.cancel(job.id)
         cancelled_ids = [j.id for j in jobs]
-        crons = [cron_at_scale.schedule("demo.tasks.record", cron=CRON_EXPR) for _ in range(n_cron)]
+        # Every occurrence must run (the demo counts them): catch up all, let runs overlap.
+        crons = [cron_at_scale.schedule("demo.tasks.record", cron=CRON_EXPR, catchup="all", overlap="allow")
+                 for _ in range(n_cron)]
         cron_at_scale.schedule_many(specs[: n_now + n_delayed])
         say(f"scheduled {n} jobs: {n_now} due now, {n_delayed} over {spread:.0f}s, {n_cron} cron ({CRON_EXPR}), "
             f"{n_cancel} cancelled")

@@ -1,0 +1,152 @@
+"""Recurring jobs (cron and interval): which occurrences fire now, and when the next one is due.
+
+The dispatcher calls :func:`plan` for each recurring job it claims, with the
+database's ``now``. Rules, per job:
+
+* **Occurrences** come from the cron expression in the job's own zone
+  (:mod:`cron_at_scale.cron`) or every ``interval`` seconds, always counted
+  from the previous *scheduled* occurrence, never from "now": no drift.
+* **Jitter** (``jitter`` seconds) moves each occurrence ``t`` to
+  ``t + u * min(jitter, gap)`` where ``u`` in ``[0, 1)`` is a hash of (job id,
+  ``t``) and ``gap`` is the time to the next occurrence: deterministic (a
+  recomputation gives the same instant) and never past the next occurrence.
+* **Catch-up**: the occurrences due now are those from the job's pending one
+  up to ``now``; normally one. Those older than ``catchup_window`` seconds are
+  missed (counted in ``missed_occurrences``, never silently dropped). Within
+  the window, ``catchup='latest'`` (default) fires the latest once and counts
+  the rest as missed; ``'all'`` fires every one; ``'skip'`` fires one only if
+  it is the only one due (no gap), else none.
+* **Overlap**, when the job's previous run is unfinished: ``'skip'``
+  (default) records the occurrence as a skipped attempt; ``'buffer_one'``
+  keeps one occurrence to fire when that run ends (more are skipped);
+  ``'allow'`` fires anyway. Without ``'allow'`` at most one run starts per
+  claim (the latest), since several at once would overlap each other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from . import cron
+
+MAX_COUNTED = 100_000  # occurrences counted one by one after an outage; beyond, the count is a floor
+_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class Recurrence:
+    """What the schedule of one recurring job is (the relevant columns of its row)."""
+
+    job_id: str
+    schedule_type: str  # "cron" or "interval"
+    cron_expr: str = ""
+    timezone: str = "UTC"
+    interval: float | None = None  # seconds
+    jitter: float = 0.0
+    catchup: str = "latest"
+    catchup_window: float = 300.0
+    overlap: str = "skip"
+
+    def after(self, t: datetime, n: int) -> list[datetime]:
+        """The next ``n`` occurrences strictly after ``t`` (aware UTC)."""
+        if self.schedule_type == "interval":
+            step = timedelta(seconds=self.interval)
+            return [t + step * (i + 1) for i in range(n)]
+        return cron.next_fire_times(self.cron_expr, self.timezone, t, n)
+
+    def jittered(self, occurrence: datetime, following: datetime | None = None) -> datetime:
+        """``occurrence`` moved by its deterministic jitter (never to or past the next occurrence)."""
+        if not self.jitter:
+            return occurrence
+        following = following or self.after(occurrence, 1)[0]
+        span = min(self.jitter, (following - occurrence).total_seconds())
+        digest = hashlib.sha256(f"{self.job_id}:{occurrence.isoformat()}".encode()).digest()
+        u = int.from_bytes(digest[:8], "big") / 2**64
+        return occurrence + timedelta(microseconds=int(u * span * 1_000_000))
+
+    def first(self, now: datetime, start: datetime | None = None) -> tuple[datetime, datetime]:
+        """(occurrence, fire_at) of a new job: the first occurrence after ``now``; an interval
+        job's first occurrence is ``start`` if given, else ``now`` plus one interval."""
+        if self.schedule_type == "interval":
+            occurrence = start if start is not None else now + timedelta(seconds=self.interval)
+        else:
+            occurrence = self.after(now, 1)[0]
+        return occurrence, self.jittered(occurrence)
+
+
+@dataclass
+class Plan:
+    """What to do with one claimed recurring job."""
+
+    fire: list[tuple[datetime, datetime]] = field(default_factory=list)  # (occurrence, due at) to run now
+    skipped: list[tuple[datetime, datetime]] = field(default_factory=list)  # recorded as skipped attempts
+    buffer: datetime | None = None  # occurrence to run when the unfinished run ends
+    missed: int = 0
+    next_occurrence: datetime | None = None
+    next_fire_at: datetime | None = None
+
+
+def plan(rec: Recurrence, occurrence: datetime, now: datetime, *, running: bool,
+         buffered: datetime | None = None) -> Plan:
+    """Decide what a claimed recurring job does at database time ``now``.
+
+    ``occurrence``: the nominal occurrence the job's ``fire_at`` stands for.
+    ``running``: a previous run is unfinished. ``buffered``: an occurrence
+    kept by ``overlap='buffer_one'``, which fires as soon as nothing runs.
+    The returned ``buffer`` is the job's new buffered occurrence (or None).
+    """
+    window_start = now - timedelta(seconds=rec.catchup_window)
+    out = Plan()
+    beyond = 0
+    in_window: list[tuple[datetime, datetime]] = []
+    t = occurrence
+    pending = [t]
+    counted = 0
+    while True:
+        if not pending:
+            break
+        t = pending.pop(0)
+        if not pending:
+            pending = rec.after(t, _CHUNK)
+        nxt = pending[0]
+        due_at = rec.jittered(t, nxt)
+        if due_at > now:
+            out.next_occurrence, out.next_fire_at = t, due_at
+            break
+        if t < window_start:
+            beyond += 1
+            counted += 1
+            if counted >= MAX_COUNTED:  # a very long outage: jump to the window, the count is a floor
+                pending = rec.after(max(window_start, t), _CHUNK)
+                counted = 0
+                continue
+        else:
+            in_window.append((t, due_at))
+            if len(in_window) > MAX_COUNTED:
+                beyond += 1
+                in_window.pop(0)
+    if rec.catchup == "all":
+        fire = in_window
+    elif rec.catchup == "skip":
+        fire = in_window if beyond == 0 and len(in_window) == 1 else []
+    else:
+        fire = in_window[-1:]
+    out.missed = beyond + len(in_window) - len(fire)
+    if buffered is not None:
+        if running:
+            out.buffer = buffered  # still waiting
+        else:
+            fire = [(buffered, buffered), *fire]
+    if fire and rec.overlap != "allow":
+        if len(fire) > 1:
+            out.skipped, fire = fire[:-1], fire[-1:]
+        if running:
+            if rec.overlap == "buffer_one" and out.buffer is None:
+                out.buffer = fire[0][0]
+            else:
+                out.skipped += fire
+            fire = []
+    out.fire = fire
+    return out
