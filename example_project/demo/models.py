@@ -10,6 +10,7 @@ class Execution(models.Model):
     attempt = models.IntegerField(null=True)
     executed_at = models.DateTimeField(db_default=Now())  # database clock
     pid = models.IntegerField()
+    occurrence = models.DateTimeField(null=True)  # the run's nominal occurrence, from current_job()
 
     class Meta:
         db_table = "demo_execution"

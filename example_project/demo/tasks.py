@@ -19,7 +19,8 @@ def record(*args, **kwargs):
     from .models import Execution
 
     job = current_job()
-    Execution.objects.create(job_id=job.job_id if job else None, attempt=job.attempt if job else None, pid=os.getpid())
+    Execution.objects.create(job_id=job.job_id if job else None, attempt=job.attempt if job else None,
+                             occurrence=job.occurrence if job else None, pid=os.getpid())
 
 
 @shared_task

@@ -57,6 +57,9 @@ def test_one_off_delayed_cron_cancelled_and_failing_jobs_reach_their_final_state
     assert len(runs) >= 3
     assert all((b - a).total_seconds() == 1.0 for a, b in zip(runs, runs[1:]))
     assert all(r.microsecond == 0 for r in runs)
+    # The task knows which occurrence it runs (current_job().occurrence, from the message header).
+    seen = set(Execution.objects.filter(job_id=cron.id).values_list("occurrence", flat=True))
+    assert seen and seen <= set(runs)
     # No attempt ran twice.
     assert not sql("SELECT job_id, attempt FROM demo_execution GROUP BY 1, 2 HAVING count(*) > 1")
 
