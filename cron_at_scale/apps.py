@@ -7,3 +7,6 @@ class CronAtScaleConfig(AppConfig):
     name = "cron_at_scale"
     verbose_name = "Scheduled jobs"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self):
+        from . import checks  # noqa: F401 (registers the system checks)

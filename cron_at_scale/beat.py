@@ -48,8 +48,7 @@ import time
 from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC
 from typing import Any
 
 from celery import beat as celery_beat
@@ -105,7 +104,7 @@ class SyncReport:
 
 def zone_name(tz: Any) -> str:
     """IANA name of a tzinfo (``None`` and UTC -> ``"UTC"``); raises :class:`Unmappable` if it has none."""
-    if tz is None or tz is dt_timezone.utc:
+    if tz is None or tz is UTC:
         return "UTC"
     name = getattr(tz, "key", None) or getattr(tz, "zone", None)  # zoneinfo, pytz
     if not name and isinstance(tz, str):
@@ -151,9 +150,10 @@ def crontab_to_cron(ct: schedules.crontab) -> tuple[str, str]:
             f"Celery runs a crontab only on days matching both day_of_month ({ct._orig_day_of_month}) and "
             f"day_of_week ({ct._orig_day_of_week}); cron ORs these fields, and {expr!r} would fire on more days. "
             "Split it, or run the task daily and check the date in the task")
-    parsed = cronlib.parse(expr)  # self-check: the same sets as Celery's (cannot fail for a valid crontab)
-    assert (parsed.minutes, parsed.hours, parsed.days, parsed.months, parsed.weekdays) == tuple(
-        frozenset(s) for s in (ct.minute, ct.hour, ct.day_of_month, ct.month_of_year, ct.day_of_week)), expr
+    parsed = cronlib.parse(expr)  # self-check: the same value sets as Celery's
+    if (parsed.minutes, parsed.hours, parsed.days, parsed.months, parsed.weekdays) != tuple(
+            frozenset(s) for s in (ct.minute, ct.hour, ct.day_of_month, ct.month_of_year, ct.day_of_week)):
+        raise Unmappable(f"internal error: {expr!r} does not match the crontab {ct!r}")
     return expr, zone_name(ct.tz)
 
 
@@ -341,7 +341,6 @@ class Scheduler(celery_beat.Scheduler):
         self.report = sync_beat_schedule(entries, app=self.app)
         log.info("beat_schedule synced to jobs: %s", self.report.summary())
         self.dispatcher = Dispatcher(app=self.app)
-        self.max_interval = min(self.max_interval, max(self.dispatcher.poll_interval, 1.0))
 
     def tick(self, *args, **kwargs) -> float:
         from . import db
@@ -381,5 +380,4 @@ class Scheduler(celery_beat.Scheduler):
         return "    . scheduler -> cron_at_scale dispatcher (jobs in PostgreSQL)"
 
 
-__all__ = ["Scheduler", "SyncReport", "Unmappable", "crontab_to_cron", "schedule_spec", "sync_beat_schedule",
-           "upsert", "timedelta"]
+__all__ = ["Scheduler", "SyncReport", "Unmappable", "crontab_to_cron", "schedule_spec", "sync_beat_schedule", "upsert"]

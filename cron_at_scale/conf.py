@@ -35,6 +35,44 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+_POSITIVE = ("BATCH_SIZE", "POLL_INTERVAL", "DISPATCH_LEASE", "RUN_LEASE", "HEARTBEAT_INTERVAL",
+             "REAPER_INTERVAL", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES")
+_INTEGER = ("BATCH_SIZE", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES")
+
+
+def problems() -> list[str]:
+    """What is wrong with ``settings.CRON_AT_SCALE`` (empty when nothing): each message names the key."""
+    from django.conf import settings
+
+    user = getattr(settings, "CRON_AT_SCALE", None)
+    if user is None:
+        return []
+    if not isinstance(user, dict):
+        return [f"CRON_AT_SCALE must be a dict, got {type(user).__name__}"]
+    out = [f"CRON_AT_SCALE[{k!r}] is not a setting (known: {', '.join(DEFAULTS)})" for k in user if k not in DEFAULTS]
+    for key in _POSITIVE:
+        value = user.get(key, DEFAULTS[key])
+        kind = int if key in _INTEGER else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
+            out.append(f"CRON_AT_SCALE[{key!r}] must be a {'whole ' if key in _INTEGER else ''}number > 0, got {value!r}")
+    for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS"):
+        if not isinstance(user.get(key, DEFAULTS[key]), bool):
+            out.append(f"CRON_AT_SCALE[{key!r}] must be True or False, got {user[key]!r}")
+    for key in ("DLQ_QUEUE",):
+        if not isinstance(user.get(key, DEFAULTS[key]), str) or not user.get(key, DEFAULTS[key]):
+            out.append(f"CRON_AT_SCALE[{key!r}] must be a non-empty string, got {user[key]!r}")
+    return out
+
+
+def check() -> None:
+    """Raise ``django.core.exceptions.ImproperlyConfigured`` naming every bad ``CRON_AT_SCALE`` key."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    found = problems()
+    if found:
+        raise ImproperlyConfigured("; ".join(found))
+
+
 def get(name: str) -> Any:
     """Return setting ``name`` from ``settings.CRON_AT_SCALE`` or its default."""
     from django.conf import settings

@@ -174,6 +174,8 @@ def _value(spec: tuple, text: str, tok: str) -> int:
     elif names is not None and tok.upper() in names:
         return names[tok.upper()]
     else:
+        if any(c in tok.upper() for c in "LW#?H"):
+            raise _bad(fname, text, f"{tok!r}: L, W, #, ? and H are not crontab(5) syntax and are not supported")
         hint = " (names: JAN-DEC)" if fname == "month" else " (names: SUN-SAT)" if names else ""
         raise _bad(fname, text, f"{tok!r} is not a number{hint}")
     if not low <= v <= high:

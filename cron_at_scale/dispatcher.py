@@ -39,6 +39,7 @@ class Dispatcher:
 
     def __init__(self, name: str | None = None, batch_size: int | None = None,
                  poll_interval: float | None = None, lease: float | None = None, app=None):
+        conf.check()
         self.name = name or default_name()
         self.batch_size = int(batch_size or conf.get("BATCH_SIZE"))
         self.poll_interval = float(conf.get("POLL_INTERVAL") if poll_interval is None else poll_interval)

@@ -25,6 +25,8 @@ from .models import DEFAULT_CATCHUP_WINDOW, LIVE_STATUSES, Catchup, Job, Overlap
 from .recurrence import Recurrence
 from .sql import QUERIES
 
+_ARGUMENTS = ["args", "kwargs", "at", "countdown", "cron", "every", "tz", "queue", "max_retries", "key",
+              "catchup", "catchup_window", "overlap", "jitter"]
 MAX_COUNTDOWN = 100 * 365 * 86400  # seconds; a longer horizon is a bug, not a plan
 MAX_JSON_DEPTH = 64
 # Options a job may carry: Celery's message priority and the retry policy's overrides.
@@ -123,6 +125,8 @@ def _check_tz(tz: str) -> None:
 
 def _task_name(task: Any) -> str:
     name = getattr(task, "name", task)
+    if not isinstance(name, str):
+        raise ValidationError("task", f"must be a Celery task or its registered name, got {task!r:.60}")
     _check_text("task", name, 200)
     if conf.get("VALIDATE_TASK_NAMES") and not is_registered(name):
         raise ValidationError("task", f"{name!r} is not a registered Celery task")
@@ -174,16 +178,18 @@ def build_job(
     _check_json("args", args)
     _check_json("kwargs", kwargs)
     payload = {"args": args, "kwargs": kwargs}
-    size = len(_dumps(payload))
-    if size > conf.get("MAX_PAYLOAD_BYTES"):
-        raise ValidationError("kwargs", f"payload is {size} bytes as JSON; the limit is {conf.get('MAX_PAYLOAD_BYTES')}")
+    size, limit = len(_dumps(payload).encode()), conf.get("MAX_PAYLOAD_BYTES")
+    if size > limit:
+        big = "args" if len(_dumps(args)) >= len(_dumps(kwargs)) else "kwargs"
+        raise ValidationError(big, f"the payload (args and kwargs) is {size} bytes as JSON; the limit is {limit} "
+                                   "(CRON_AT_SCALE['MAX_PAYLOAD_BYTES']): pass an id, not the data")
     queue = _check_text("queue", queue, 200, allow_none=True) or ""
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 1000:
         raise ValidationError("max_retries", f"must be an integer from 0 to 1000, got {max_retries!r:.40}")
     key = _check_text("key", key, 255, allow_none=True)
     for opt, value in options.items():
         if opt not in _OPTIONS:
-            raise ValidationError(opt, f"unknown option; known: {', '.join(sorted(_OPTIONS))}")
+            raise ValidationError(opt, f"unknown argument; schedule() takes {', '.join(_ARGUMENTS + sorted(_OPTIONS))}")
         _check_option(opt, value)
     if not isinstance(tz, str):
         raise ValidationError("tz", f"must be an IANA time zone name, got {tz!r:.40}")

@@ -175,3 +175,32 @@ def test_cancel_refuses_a_malformed_id():
     with pytest.raises(ValidationError) as err:
         cron_at_scale.cancel("not-a-uuid")
     assert err.value.field == "job_id"
+
+
+@pytest.mark.parametrize(("setting", "key"), [
+    ({"BATCH_SIZE": -1}, "BATCH_SIZE"),
+    ({"BATCH_SIZE": 0}, "BATCH_SIZE"),
+    ({"POLL_INTERVAL": "fast"}, "POLL_INTERVAL"),
+    ({"BATCH_SIZ": 10}, "BATCH_SIZ"),
+    ({"RETRY_ALL_EXCEPTIONS": "yes"}, "RETRY_ALL_EXCEPTIONS"),
+])
+def test_bad_settings_are_named_by_the_check_and_refused_by_the_dispatcher(settings, setting, key):
+    from django.core.checks import run_checks
+    from django.core.exceptions import ImproperlyConfigured
+
+    from cron_at_scale.dispatcher import Dispatcher
+
+    settings.CRON_AT_SCALE = setting
+    errors = [e for e in run_checks() if e.id == "cron_at_scale.E001"]
+    assert errors and key in errors[0].msg
+    with pytest.raises(ImproperlyConfigured, match=key):
+        Dispatcher()
+
+
+def test_dispatcher_command_refuses_bad_numbers():
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="--batch-size: must be greater than 0"):
+        call_command("cron_dispatcher", "--batch-size", "-1")
+    with pytest.raises(CommandError, match="--poll-interval: not a number"):
+        call_command("cron_dispatcher", "--poll-interval", "fast")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 
 from django.core.management.base import BaseCommand, CommandError
@@ -14,9 +15,9 @@ def _positive(kind):
         try:
             value = kind(text)
         except ValueError:
-            raise ValueError(f"not a number: {text!r}") from None
-        if value <= 0:
-            raise ValueError(f"must be > 0: {text!r}")
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
         return value
 
     parse.__name__ = kind.__name__
@@ -31,9 +32,12 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--batch-size", type=_positive(int), help="jobs claimed per statement (default 1000)")
-        parser.add_argument("--poll-interval", type=_positive(float), help="seconds to sleep when nothing is due (default 0.1)")
-        parser.add_argument("--lease", type=_positive(float), help="dispatch lease in seconds (default 30)")
+        parser.add_argument("--batch-size", type=_positive(int),
+                            help="jobs claimed per statement (default: CRON_AT_SCALE['BATCH_SIZE'], 1000)")
+        parser.add_argument("--poll-interval", type=_positive(float),
+                            help="seconds to sleep when nothing is due (default: CRON_AT_SCALE['POLL_INTERVAL'], 0.1)")
+        parser.add_argument("--lease", type=_positive(float),
+                            help="dispatch lease in seconds (default: CRON_AT_SCALE['DISPATCH_LEASE'], 30)")
         parser.add_argument("--name", help="this dispatcher's name in locked_by (default host:pid)")
         parser.add_argument("--max-seconds", type=_positive(float), help="exit after this many seconds (for tests)")
 

@@ -88,7 +88,12 @@ class Command(BaseCommand):
             procs.dispatcher("demo-dispatcher")
             say(f"starting {len(names)} celery workers and 1 dispatcher (logs in {log_dir}) ...")
             wait_for_workers(app, names)
+            self.procs = procs
             summary = self.run_jobs(n, opts, say)
+        except KeyboardInterrupt:
+            say("\ninterrupted: stopping the workers and the dispatcher")
+            procs.stop()
+            sys.exit(130)
         finally:
             procs.stop()
         summary_text = (
@@ -136,6 +141,7 @@ class Command(BaseCommand):
         done = 0
         while done < one_off and time.monotonic() < deadline:
             time.sleep(0.25)
+            self.check_children()
             now_done = _count("SELECT count(*) FROM cron_at_scale_job WHERE task = 'demo.tasks.record' "
                               "AND schedule_type = 'once' AND status IN ('completed', 'failed')")
             bar.update(now_done - done)
@@ -149,6 +155,7 @@ class Command(BaseCommand):
             "AND a.dispatched_at < statement_timestamp() - interval '1 second'"
         )):
             time.sleep(0.2)
+            self.check_children()
         time.sleep(2)
         for job in crons:
             cron_at_scale.cancel(job.id)
@@ -163,6 +170,13 @@ class Command(BaseCommand):
             time.sleep(0.2)
         time.sleep(0.5)
         return self.summarize(n, cancelled_ids, crons, stopped_at, time.monotonic() - started)
+
+    def check_children(self) -> None:
+        """Stop with a clear message if a worker or the dispatcher died (that is not a missed job)."""
+        for p in self.procs.procs:
+            if p.poll() is not None:
+                raise CommandError(f"{p.name} exited with code {p.returncode}; see its log in "
+                                   f"{self.procs.log_dir}")
 
     def summarize(self, n, cancelled_ids, crons, stopped_at, elapsed) -> dict:
         with connection.cursor() as cur:
