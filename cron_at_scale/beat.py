@@ -11,7 +11,8 @@ Mapping of a ``beat_schedule`` entry to a job keyed ``beat:<entry name>``:
 
 * ``crontab`` -> ``cron=`` (5 fields, rendered from the crontab's expanded
   value sets; a full set is ``*``, an arithmetic one from the field's minimum
-  is ``*/S``) in the crontab's time zone (the app's ``timezone`` setting, UTC
+  is ``*/S`` in day and month fields, and in minute/hour fields written with a
+  leading ``*``) in the crontab's time zone (the app's ``timezone`` setting, UTC
   by default; it must be an IANA zone).
 * Days: Celery requires day-of-month **and** day-of-week to match; crontab(5)
   (and cron_at_scale) *ORs* them unless one field's text begins with ``*``.
@@ -114,12 +115,12 @@ def zone_name(tz: Any) -> str:
     return str(name)
 
 
-def _field(values: set[int], lo: int, hi: int) -> str:
-    """One cron field for a Celery value set over ``lo..hi``: ``*``, ``*/S``, or a list of ranges."""
+def _field(values: set[int], lo: int, hi: int, steps: bool = True) -> str:
+    """One cron field for a Celery value set over ``lo..hi``: ``*``, ``*/S`` (if ``steps``), or a list of ranges."""
     values = set(values)
     if values == set(range(lo, hi + 1)):
         return "*"
-    for step in range(2, hi - lo + 1):
+    for step in range(2, hi - lo + 1) if steps else ():
         if values == set(range(lo, hi + 1, step)):
             return f"*/{step}"
     items, ordered = [], sorted(values)
@@ -143,8 +144,12 @@ def crontab_to_cron(ct: schedules.crontab) -> tuple[str, str]:
     """
     from . import cron as cronlib
 
+    # Minute and hour are written as */S only if written so (a field beginning with * makes a wildcard
+    # job under the DST policy, see cron_at_scale.cron); day fields whenever they are steps (the AND rule).
+    minute = _field(ct.minute, 0, 59, steps=str(ct._orig_minute).startswith("*"))
+    hour = _field(ct.hour, 0, 23, steps=str(ct._orig_hour).startswith("*"))
     dom, dow = _field(ct.day_of_month, 1, 31), _field(ct.day_of_week, 0, 6)
-    expr = " ".join((_field(ct.minute, 0, 59), _field(ct.hour, 0, 23), dom, _field(ct.month_of_year, 1, 12), dow))
+    expr = " ".join((minute, hour, dom, _field(ct.month_of_year, 1, 12), dow))
     if dom != "*" and dow != "*" and not (dom.startswith("*") or dow.startswith("*")):
         raise Unmappable(
             f"Celery runs a crontab only on days matching both day_of_month ({ct._orig_day_of_month}) and "

@@ -20,7 +20,7 @@ from django.db import InterfaceError, OperationalError, transaction
 
 from . import conf, db, dlq, failpoints
 from .app import get_app
-from .publish import Claimed, publish_batch
+from .publish import Claimed, Publisher
 from .recurrence import Recurrence, plan
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,7 @@ class Dispatcher:
         self.reaper_interval = float(conf.get("REAPER_INTERVAL"))
         self.max_lost = int(conf.get("MAX_LOST_ATTEMPTS"))
         self.app = app or get_app()
+        self.publisher = Publisher(self.app)
         self.stopping = threading.Event()
         self.claimed_total = 0
         self.published_total = 0
@@ -107,7 +108,7 @@ class Dispatcher:
             failpoints.hit("dispatcher.after_claim")
             self.claimed_total += len(batch)
             try:
-                self.published_total += publish_batch(self.app, batch)
+                self.published_total += self.publisher.publish(batch)
             except Exception:
                 # Claimed but not sent: their leases expire and the reaper fires them again.
                 log.exception("publishing %d claimed jobs failed; the reaper will re-fire them", len(batch))
@@ -140,7 +141,7 @@ class Dispatcher:
         log.warning("reaped %d expired leases (%d cron runs fired again): %s", len(lost), len(refire),
                     ", ".join(f"{r[0]}:{r[1]}" for r in lost[:10]))
         if refire:
-            publish_batch(self.app, refire)
+            self.publisher.publish(refire)
         for job_id, status, attempt, task in failed:
             if status == "failed":
                 dlq.announce(self.app, job_id, attempt, task, f"lost {self.max_lost} attempts (lease expired each time)")
@@ -176,6 +177,7 @@ class Dispatcher:
                 continue
             if n < self.batch_size:
                 self.stopping.wait(self.poll_interval)
+        self.publisher.close()
         log.info("dispatcher %s stopped: %d claimed, %d published", self.name, self.claimed_total, self.published_total)
 
     def stop(self, *_args) -> None:

@@ -105,6 +105,24 @@ class Job(models.Model):
         indexes = [
             # The claim walks this index only: it stays small (pending rows) and ordered by fire_at.
             models.Index(fields=["fire_at"], name="cron_job_pending_fire_at", condition=Q(status="pending")),
+            # The admin at 10M rows: its default ordering (-fire_at, -id) and each list filter walk an index.
+            models.Index(fields=["fire_at", "id"], name="cron_job_fire_at_id"),
+            models.Index(fields=["status", "fire_at", "id"], name="cron_job_status_fire_at"),
+            models.Index(fields=["task", "fire_at", "id"], name="cron_job_task_fire_at"),
+            models.Index(fields=["queue", "fire_at", "id"], name="cron_job_queue_fire_at"),
+            models.Index(fields=["fire_at", "id"], name="cron_job_recurring_fire_at", condition=~Q(schedule_type="once")),
+            # Admin search by key (exact or prefix) over every job, live or finished.
+            models.Index(fields=["key"], name="cron_job_key_prefix", opclasses=["varchar_pattern_ops"],
+                         condition=Q(key__isnull=False)),
+            # Retention: finished jobs by age (cron_purge walks it with a keyset cursor).
+            models.Index(fields=["updated_at", "id"], name="cron_job_finished_updated",
+                         condition=Q(status__in=["completed", "cancelled"])),
+        ]
+        permissions = [
+            ("cancel_job", "Can cancel jobs"),
+            ("requeue_job", "Can requeue failed jobs"),
+            ("pause_job", "Can pause and resume recurring jobs"),
+            ("run_job", "Can run jobs now"),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -1,15 +1,34 @@
-"""Publishing claimed attempts to the Celery broker.
+"""Publishing claimed runs to the Celery broker.
 
-Each attempt becomes an ordinary Celery task message (protocol 2) with task
-id ``"<job id>:<attempt>"`` and a ``cron_at_scale`` header carrying the job
-id, the attempt number and the occurrence's scheduled time, which the worker
-middleware reads. One producer (one broker connection) serves a whole batch.
+Each run becomes an ordinary Celery task message (protocol 2) with task id
+``"<job id>:<attempt>"`` and a ``cron_at_scale`` header naming the job, the
+attempt and the occurrence, which the worker middleware reads.
+
+Two paths, chosen per broker:
+
+* **Redis fast path**: the messages of a whole batch are built here, in the
+  exact shape Celery's ``send_task`` gives them (``tests`` compare the two
+  field by field), and sent in one pipeline with one ``LPUSH`` per
+  destination list. Celery's per-message publishing costs ~0.2-0.6 ms;
+  this costs a few microseconds per message.
+* **Any other broker** (RabbitMQ, SQS ...): Celery's ``send_task`` on one
+  producer, inside kombu's ``Producer.batch()`` where the transport has it.
+
+Routes the fast path cannot express exactly (a task routed to a non-direct
+exchange, an explicit exchange or routing key) take the general path, so the
+fast path never changes where a message goes. It does not send Celery's
+``before_task_publish``/``after_task_publish`` signals.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import os
+import socket
+import uuid
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -21,6 +40,8 @@ from .models import task_id_for
 log = logging.getLogger(__name__)
 
 HEADER = "cron_at_scale"
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+_REPR_MAX = 1024  # Celery's argsrepr_maxsize
 
 
 @dataclass(frozen=True)
@@ -61,25 +82,154 @@ def header(c: Claimed) -> dict:
             "occurrence": (c.occurrence or c.fire_at).isoformat()}
 
 
-def publish_batch(app: Celery, batch: list[Claimed]) -> int:
-    """Send every claimed run in ``batch`` to the broker; return how many were sent.
+class Publisher:
+    """Sends claimed runs to the broker of ``app``; keeps one broker connection between batches."""
 
-    A run that cannot be sent stays claimed; its dispatch lease expires and
-    the reaper fires it again (the database, not the broker, is the truth).
-    """
-    sent = 0
-    with app.producer_or_acquire() as producer:
-        for c in batch:
-            options = {"priority": c.options["priority"]} if "priority" in (c.options or {}) else {}
-            app.send_task(
-                c.task,
-                args=c.payload.get("args", ()),
-                kwargs=c.payload.get("kwargs", {}),
-                task_id=task_id_for(c.job_id, c.attempt),
-                queue=c.queue or None,
-                headers={HEADER: header(c)},
-                producer=producer,
-                **options,
-            )
-            sent += 1
-    return sent
+    def __init__(self, app: Celery):
+        self.app = app
+        self.conn = None
+        self._routes: dict[tuple[str, str], str | None] = {}
+        self._declared: set[str] = set()
+        self.origin = f"gen{os.getpid()}@{socket.gethostname()}"
+
+    # -- connection ----------------------------------------------------------------------
+
+    def _connection(self):
+        if self.conn is None:
+            self.conn = self.app.connection_for_write()
+            self.conn.ensure_connection(max_retries=3)
+        return self.conn
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.release()
+            finally:
+                self.conn = None
+                self._declared.clear()
+
+    @property
+    def fast(self) -> bool:
+        return self._connection().transport.driver_type == "redis"
+
+    # -- publishing ----------------------------------------------------------------------
+
+    def publish(self, batch: list[Claimed]) -> int:
+        """Send every run in ``batch``; return how many were sent.
+
+        Raises the broker's error if it is down (after one reconnect): the runs
+        stay claimed, their dispatch lease expires and the reaper fires them
+        again. The database, not the broker, is the source of truth.
+        """
+        if not batch:
+            return 0
+        try:
+            return self._publish(batch)
+        except Exception:
+            log.warning("publishing failed; reconnecting to the broker once", exc_info=True)
+            self.close()
+            return self._publish(batch)
+
+    def _publish(self, batch: list[Claimed]) -> int:
+        general: list[Claimed] = []
+        lists: dict[str, list[str]] = defaultdict(list)
+        if self.fast:
+            channel = self._connection().default_channel
+            for c in batch:
+                target = self._redis_list(channel, c)
+                if target is None:
+                    general.append(c)
+                else:
+                    lists[target].append(self._envelope(c, target))
+            if lists:
+                with channel.conn_or_acquire() as client, client.pipeline(transaction=False) as pipe:
+                    for key, messages in lists.items():
+                        pipe.lpush(key, *messages)
+                    pipe.execute()
+        else:
+            general = batch
+        if general:
+            self._send_tasks(general)
+        return len(batch)
+
+    def _send_tasks(self, batch: list[Claimed]) -> None:
+        with self.app.producer_or_acquire() as producer:
+            batching = producer.batch() if hasattr(producer, "batch") else None
+            if batching is not None:
+                batching.__enter__()
+            try:
+                for c in batch:
+                    options = {"priority": c.options["priority"]} if "priority" in (c.options or {}) else {}
+                    self.app.send_task(
+                        c.task, args=c.payload.get("args", ()), kwargs=c.payload.get("kwargs", {}),
+                        task_id=task_id_for(c.job_id, c.attempt), queue=c.queue or None,
+                        headers={HEADER: header(c)}, producer=producer, **options,
+                    )
+            finally:
+                if batching is not None:
+                    batching.__exit__(None, None, None)
+
+    # -- the Redis fast path -------------------------------------------------------------
+
+    def _redis_list(self, channel, c: Claimed) -> str | None:
+        """The Redis list ``send_task`` would push this run to, or None if only it can say."""
+        key = (c.task, c.queue)
+        if key not in self._routes:
+            self._routes[key] = self._route(channel, c)
+        name = self._routes[key]
+        if name is None:
+            return None
+        priority = (c.options or {}).get("priority")
+        if priority:
+            return channel._q_for_pri(name, channel._get_message_priority({"properties": {"priority": priority}}))
+        return name
+
+    def _route(self, channel, c: Claimed) -> str | None:
+        amqp = self.app.amqp
+        options = amqp.router.route({"queue": c.queue} if c.queue else {}, c.task, (), {})
+        queue = options.get("queue")
+        if queue is None or options.get("exchange") or options.get("routing_key"):
+            return None
+        if isinstance(queue, str):
+            queue = amqp.queues[queue]
+        if queue.exchange is not None and queue.exchange.type != "direct":
+            return None
+        if queue.name not in self._declared:  # as send_task would: the queue and its binding exist
+            queue(channel).declare()
+            self._declared.add(queue.name)
+        return queue.name
+
+    def _envelope(self, c: Claimed, target: str) -> str:
+        args = c.payload.get("args", [])
+        kwargs = c.payload.get("kwargs", {})
+        task_id = task_id_for(c.job_id, c.attempt)
+        body = json.dumps([args, kwargs, _EMBED]).encode()
+        priority = (c.options or {}).get("priority") or 0
+        queue_name = target.split("\x06\x16", 1)[0]
+        return json.dumps({
+            "body": base64.b64encode(body).decode(),
+            "content-encoding": "utf-8",
+            "content-type": "application/json",
+            "headers": {
+                "lang": "py", "task": c.task, "id": task_id, "shadow": None, "eta": None, "expires": None,
+                "group": None, "group_index": None, "retries": 0, "timelimit": [None, None],
+                "root_id": task_id, "parent_id": None,
+                "argsrepr": repr(args or ())[:_REPR_MAX], "kwargsrepr": repr(kwargs)[:_REPR_MAX],
+                "origin": self.origin, "ignore_result": None, "replaced_task_nesting": 0,
+                "stamped_headers": None, "stamps": {}, HEADER: header(c),
+            },
+            "properties": {
+                "correlation_id": task_id, "reply_to": self.app.thread_oid, "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": queue_name}, "priority": priority,
+                "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
+            },
+        })
+
+
+def publish_batch(app: Celery, batch: list[Claimed]) -> int:
+    """Send ``batch`` with a one-off :class:`Publisher` (tests, tools); the dispatcher keeps one."""
+    publisher = Publisher(app)
+    try:
+        return publisher.publish(batch)
+    finally:
+        publisher.close()

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def dispatcher(monkeypatch):
     published = []
-    monkeypatch.setattr("cron_at_scale.dispatcher.publish_batch", lambda app, batch: published.extend(batch) or len(batch))
+    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: published.extend(batch) or len(batch))
     announced = []
     monkeypatch.setattr("cron_at_scale.dlq.announce", lambda *a: announced.append(a))
     d = Dispatcher(name="t", lease=30)

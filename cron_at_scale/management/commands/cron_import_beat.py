@@ -17,8 +17,9 @@ Mapping (decisions, with the reason):
 * ``enabled=False`` -> the recurring job is created paused (note "disabled in
   django-celery-beat"); later imports leave pause/resume alone (it is
   managed in cron_at_scale from then on, and ``--disable-source`` disables
-  every imported row). A disabled one-off is not imported: a one-off job
-  cannot be paused, and django-celery-beat disables one-offs after they ran.
+  every imported row). A disabled one-off is not imported (a one-off job
+  cannot be paused, and django-celery-beat disables one-offs after they
+  ran), unless it was imported before (then it is unchanged).
 * ``start_time`` in the future: an interval job first fires at it, a cron job
   at its first occurrence at or after it, a one-off at the first time the
   schedule gives from it; a past ``start_time`` changes nothing.
@@ -44,10 +45,13 @@ from cron_at_scale import cron as cronlib
 from cron_at_scale import db
 from cron_at_scale.beat import SyncReport, Unmappable, crontab_to_cron, upsert
 from cron_at_scale.exceptions import ValidationError
+from cron_at_scale.models import Job
 from cron_at_scale.scheduling import build_job, pause
 
 KEY_PREFIX = "django_celery_beat:"
 DISABLED_NOTE = "disabled in django-celery-beat"
+DISABLED_ONE_OFF = ("disabled one-off task: a one-off job cannot be paused (and django-celery-beat disables "
+                    "one-offs after they ran); enable it to import it")
 
 
 def _json(text: str | None, name: str, kind: type) -> Any:
@@ -69,9 +73,6 @@ def periodic_task_spec(pt, db_now) -> tuple[dict[str, Any], list[str]]:
         raise Unmappable(f"{when} at {pt.expires.isoformat()}: cron_at_scale jobs have no end time "
                          "(clear expires to import it, then cancel the job when it should end)")
     one_off = bool(pt.one_off or pt.clocked_id)
-    if one_off and not pt.enabled:
-        raise Unmappable("disabled one-off task: a one-off job cannot be paused (django-celery-beat also "
-                         "disables one-offs after they ran); enable it to import it")
     spec: dict[str, Any] = {"task": pt.task, "args": _json(pt.args, "args", list),
                             "kwargs": _json(pt.kwargs, "kwargs", dict)}
     if pt.queue:
@@ -118,10 +119,18 @@ def import_periodic_tasks(*, dry_run: bool = False, disable_source: bool = False
         db_now = db.run("db_now", fetch="one", retries=0)[0]
         rows = PeriodicTask.objects.select_related("interval", "crontab", "clocked").order_by("name")
         for pt in rows:
+            key = f"{KEY_PREFIX}{pt.name}"
+            if (pt.one_off or pt.clocked_id) and not pt.enabled:
+                if Job.objects.filter(key=key).exists():  # imported before (then disabled, or ran there)
+                    report.unchanged.append(pt.name)
+                    mapped.append(pt.pk)
+                else:
+                    report.unsupported.append((pt.name, DISABLED_ONE_OFF))
+                continue
             try:
                 spec, warnings = periodic_task_spec(pt, db_now)
                 crontab_start = spec.get("cron") and pt.start_time and pt.start_time > db_now
-                new = build_job(spec.pop("task"), key=f"{KEY_PREFIX}{pt.name}", db_now=db_now, **spec)
+                new = build_job(spec.pop("task"), key=key, db_now=db_now, **spec)
             except (Unmappable, ValidationError, ValueError, TypeError) as e:
                 report.unsupported.append((pt.name, str(e)))
                 continue
