@@ -323,7 +323,8 @@ class Scheduler(celery_beat.Scheduler):
     jobs; ``tick()`` runs one dispatcher step and returns the seconds to
     sleep: 0 after a full batch, else ``POLL_INTERVAL`` (after a database
     error, a backoff up to 5 s). ``sync()`` is a no-op (the state is in
-    PostgreSQL); ``close()`` stops the dispatcher and closes the connection.
+    PostgreSQL); ``close()`` (idempotent) stops the dispatcher and closes its
+    broker and database connections.
     """
 
     def __init__(self, app, *args, **kwargs):
@@ -372,6 +373,7 @@ class Scheduler(celery_beat.Scheduler):
     def close(self) -> None:
         if self.dispatcher is not None:
             self.dispatcher.stop()
+            self.dispatcher.publisher.close()  # the broker connection kept between batches
             log.info("dispatcher %s stopped: %d claimed, %d published", self.dispatcher.name,
                      self.dispatcher.claimed_total, self.dispatcher.published_total)
             self.dispatcher = None

@@ -9,3 +9,6 @@ os.environ.setdefault("CRON_AT_SCALE_DATA_DIR", str(Path(__file__).resolve().par
 from example_project.settings import *  # noqa: E402,F403
 
 LOGGING = {"version": 1, "disable_existing_loggers": False}
+
+# cron_import_beat imports django-celery-beat's PeriodicTask rows: its tests need its tables.
+INSTALLED_APPS = [*INSTALLED_APPS, "django_celery_beat"]  # noqa: F405
