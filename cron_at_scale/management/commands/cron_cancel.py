@@ -1,0 +1,45 @@
+"""``manage.py cron_cancel``: cancel jobs by id."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
+
+import cron_at_scale
+from cron_at_scale import ValidationError
+from cron_at_scale.models import Job
+
+
+class Command(BaseCommand):
+    help = (
+        "Cancel jobs by id. A pending job will not fire; a claimed one is skipped by the worker; a running "
+        "one is told (current_job().cancel_requested) at its next heartbeat. A recurring job stops for good "
+        "(use pause in the admin to hold it instead). Exits 1 if any id was not a cancellable job."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("job_ids", nargs="+", metavar="JOB_ID", help="job UUIDs")
+
+    def handle(self, *args, **opts):
+        try:
+            self._cancel(opts)
+        except DatabaseError as e:
+            raise CommandError(f"cannot reach the jobs table (is the database up and migrated?): {e}") from None
+
+    def _cancel(self, opts):
+        failed = []
+        for job_id in opts["job_ids"]:
+            try:
+                done = cron_at_scale.cancel(job_id)
+            except ValidationError as e:
+                self.stderr.write(f"{job_id}: {e}")
+                failed.append(job_id)
+                continue
+            if done:
+                self.stdout.write(f"{job_id}: cancelled")
+                continue
+            row = Job.objects.filter(id=job_id).values_list("status", flat=True).first()
+            self.stderr.write(f"{job_id}: " + (f"not cancelled, it is already {row}" if row else "no such job"))
+            failed.append(job_id)
+        if failed:
+            raise CommandError(f"{len(failed)} of {len(opts['job_ids'])} jobs not cancelled")

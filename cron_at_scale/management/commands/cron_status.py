@@ -1,0 +1,66 @@
+"""``manage.py cron_status``: the scheduler's figures (the admin dashboard's), for people and machines."""
+
+from __future__ import annotations
+
+import sys
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
+
+from cron_at_scale import status as statuslib
+
+from ._cliutil import seconds
+
+BEHIND_AFTER = 5.0  # seconds a due job may wait before the scheduler counts as behind
+
+
+class Command(BaseCommand):
+    help = (
+        "Show pending jobs by fire time, firing lag, attempts in progress, expired leases, the dead-letter "
+        "queue and live dispatchers. 'behind' is true when a due job has waited longer than --behind-after "
+        "seconds (dispatchers down or too slow). --json prints one JSON object (for scripts and monitoring); "
+        "--fail-if-behind exits 2 when behind (for a cron or health check). Every query is bounded: counts "
+        f"stop at {statuslib.COUNT_CAP:,} (listed in 'capped')."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("--json", action="store_true", help="print one JSON object")
+        parser.add_argument("--behind-after", type=seconds, default=BEHIND_AFTER,
+                            help=f"seconds a due job may wait before 'behind' (default {BEHIND_AFTER:g})")
+        parser.add_argument("--window", type=seconds, default=statuslib.DEFAULT_WINDOW,
+                            help=f"seconds of recent runs the lag covers (default {statuslib.DEFAULT_WINDOW:g})")
+        parser.add_argument("--fail-if-behind", action="store_true", help="exit with status 2 when behind")
+
+    def handle(self, *args, **opts):
+        try:
+            snap = statuslib.snapshot(opts["window"] or statuslib.DEFAULT_WINDOW)
+        except DatabaseError as e:
+            raise CommandError(f"cannot read the jobs table (is the database up and migrated?): {e}") from None
+        behind = snap.behind(opts["behind_after"])
+        if opts["json"]:
+            self.stdout.write(snap.to_json(behind=behind, behind_after_seconds=opts["behind_after"]))
+        else:
+            self._human(snap, behind, opts["behind_after"])
+        if behind and opts["fail_if_behind"]:
+            sys.exit(2)
+
+    def _human(self, s: statuslib.Status, behind: bool, after: float) -> None:
+        out = self.stdout.write
+
+        def n(name: str, value: int) -> str:
+            return f"≥{value}" if name in s.capped else f"~{value}" if name in s.estimated else str(value)
+
+        def ms(v):
+            return "-" if v is None else f"{v * 1000:.1f} ms"
+
+        out(f"database time     {s.db_now}")
+        out("pending           " + "  ".join(f"{k.replace('_', ' ')} {n('pending.' + k, v)}" for k, v in s.pending.items()))
+        out(f"oldest due job    waiting {s.oldest_overdue_seconds:.1f} s" + ("  BEHIND" if behind else "")
+            + f" (threshold {after:g} s)")
+        out(f"firing lag        p50 {ms(s.lag_seconds['p50'])}  p99 {ms(s.lag_seconds['p99'])}  "
+            f"max {ms(s.lag_seconds['max'])}  ({s.lag_sample} runs, last {s.lag_window_seconds:g} s)")
+        out(f"in progress       {n('in_progress', s.in_progress)} attempts, "
+            f"{n('expired_leases', s.expired_leases)} with an expired lease")
+        out(f"dead-letter queue {n('dlq', s.dlq)} failed jobs")
+        out(f"paused            {n('paused', s.paused)} recurring jobs; {s.missed_occurrences} cron occurrences missed")
+        out(f"dispatchers alive {s.dispatchers_alive}" + (f" ({', '.join(s.dispatchers)})" if s.dispatchers else ""))

@@ -1,0 +1,219 @@
+"""The operator's figures, shared by the admin dashboard, ``cron_status`` and the metrics collector.
+
+Every query here is bounded, whatever the size of the jobs table:
+
+* counts walk an index and stop at a cap (``SELECT count(*) FROM (SELECT 1
+  ... LIMIT cap)``); a figure that hit its cap is reported as "at least"
+  (``capped`` lists them);
+* the "later" bucket of pending jobs is the planner's estimate minus the
+  counted buckets (``estimated`` lists it);
+* the firing lag is computed over a sample: the latest ``LAG_SAMPLE``
+  attempts by id (the primary key walked backwards), those started in the
+  last ``window`` seconds.
+
+Times come from the database clock.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.db import connection
+
+COUNT_CAP = 100_000  # rows counted per figure before we say "at least"; ~20 ms on an index
+DLQ_CAP = 1_000_000  # the dead-letter queue is worth counting further
+LAG_SAMPLE = 10_000  # latest attempts the lag percentiles are computed over
+DEFAULT_WINDOW = 300.0  # seconds of attempts the lag figures cover
+DISPATCHER_SEEN = 60.0  # seconds: a dispatcher that claimed or polled within this is alive
+BUCKETS = ("overdue", "next_minute", "next_hour", "next_day", "later")
+
+# (bucket, lower bound, upper bound) as SQL intervals from now; the partial index on fire_at serves each.
+_BUCKET_RANGES = (
+    ("overdue", None, "0 seconds"),
+    ("next_minute", "0 seconds", "1 minute"),
+    ("next_hour", "1 minute", "1 hour"),
+    ("next_day", "1 hour", "1 day"),
+)
+
+
+@dataclass
+class Status:
+    """A snapshot of the scheduler, as the dashboard and ``cron_status --json`` show it."""
+
+    db_now: str
+    pending: dict[str, int]
+    oldest_overdue_seconds: float  # 0 when no pending job is due
+    lag_seconds: dict[str, float | None]  # p50, p99, max over the window; None when no attempt started
+    lag_window_seconds: float
+    lag_sample: int  # attempts the lag figures were computed from
+    in_progress: int  # attempts dispatched or running (unfinished)
+    expired_leases: int  # unfinished attempts whose lease has expired (the reaper's work)
+    dlq: int  # failed jobs (the dead-letter queue)
+    paused: int
+    missed_occurrences: int  # sum over recurring jobs
+    dispatchers_alive: int
+    dispatchers: list[str] = field(default_factory=list)
+    capped: list[str] = field(default_factory=list)  # figures that hit their count cap (true value >= shown)
+    estimated: list[str] = field(default_factory=list)  # figures from the planner's statistics
+
+    def behind(self, after_seconds: float) -> bool:
+        """True when a due job has waited longer than ``after_seconds``."""
+        return self.oldest_overdue_seconds > after_seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, **extra: Any) -> str:
+        return json.dumps({**self.as_dict(), **extra}, sort_keys=True)
+
+
+def _one(cur, query: str, params=()):
+    cur.execute(query, params)
+    return cur.fetchone()
+
+
+def bounded_count(cur, where: str, params=(), cap: int = COUNT_CAP, table: str = "cron_at_scale_job") -> tuple[int, bool]:
+    """``(count, capped)`` of rows of ``table`` matching ``where``, counting at most ``cap`` rows."""
+    (n,) = _one(cur, f"SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {where} LIMIT %s) AS s", [*params, cap])
+    return n, n >= cap
+
+
+def planner_estimate(cur, query: str, params=()) -> int:
+    """Rows the planner expects ``query`` to return (statistics only: nothing is read)."""
+    cur.execute("EXPLAIN (FORMAT JSON) " + query, params)
+    plan = cur.fetchone()[0]
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def table_estimate(cur, table: str = "cron_at_scale_job") -> int:
+    """Rows in ``table`` from ``pg_class.reltuples`` (kept by VACUUM/ANALYZE); -1 before the first ANALYZE."""
+    (n,) = _one(cur, "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [table])
+    return int(n)
+
+
+def _lag(cur, window: float) -> tuple[dict[str, float | None], int]:
+    cur.execute(
+        """
+        SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
+               percentile_cont(0.99) WITHIN GROUP (ORDER BY lag),
+               max(lag), count(*)
+        FROM (
+            SELECT extract(epoch FROM started_at - scheduled_at)::float8 AS lag, started_at
+            FROM cron_at_scale_jobattempt ORDER BY id DESC LIMIT %s
+        ) AS recent
+        WHERE started_at >= statement_timestamp() - make_interval(secs => %s)
+        """,
+        [LAG_SAMPLE, window],
+    )
+    p50, p99, top, n = cur.fetchone()
+    return {"p50": p50, "p99": p99, "max": top}, int(n)
+
+
+def recent_lags(window: float = DEFAULT_WINDOW) -> list[float]:
+    """Firing lags (seconds) of the latest attempts started within ``window`` seconds (bounded sample)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            SELECT lag FROM (
+                SELECT extract(epoch FROM started_at - scheduled_at)::float8 AS lag, started_at
+                FROM cron_at_scale_jobattempt ORDER BY id DESC LIMIT %s
+            ) AS recent
+            WHERE started_at >= statement_timestamp() - make_interval(secs => %s)
+            """,
+            [LAG_SAMPLE, window],
+        )
+        return [r[0] for r in cur.fetchall()]
+
+
+def _dispatchers(cur) -> tuple[int, list[str]]:
+    """Dispatchers alive, defined from what the database sees.
+
+    * ``alive``: database sessions whose latest statement was the claim or
+      the reaper's scan (a dispatcher polls every ``POLL_INTERVAL``) within
+      ``DISPATCHER_SEEN`` seconds. Needs the role to see other sessions'
+      queries (the same role, or ``pg_read_all_stats``); otherwise counts
+      only what it can see.
+    * ``names``: ``locked_by`` of one-off jobs claimed within the same
+      period and still in progress (a dispatcher's ``host:pid``); a
+      dispatcher whose jobs all finished already is alive but unnamed.
+    """
+    (alive,) = _one(
+        cur,
+        """
+        SELECT count(*) FROM pg_stat_activity
+        WHERE datname = current_database() AND pid <> pg_backend_pid()
+          AND state_change >= statement_timestamp() - make_interval(secs => %s)
+          AND (query LIKE %s OR query LIKE %s)
+        """,
+        [DISPATCHER_SEEN, "WITH due AS (%FOR UPDATE SKIP LOCKED%", "WITH expired AS (%cron_at_scale_jobattempt%"],
+    )
+    cur.execute(
+        """
+        SELECT DISTINCT locked_by FROM (
+            SELECT locked_by FROM cron_at_scale_job
+            WHERE status = 'in_progress' AND locked_by <> ''
+              AND updated_at >= statement_timestamp() - make_interval(secs => %s)
+            LIMIT %s
+        ) AS s ORDER BY 1 LIMIT 100
+        """,
+        [DISPATCHER_SEEN, COUNT_CAP],
+    )
+    names = [r[0] for r in cur.fetchall()]
+    return max(int(alive), len(names)), names
+
+
+def snapshot(window: float = DEFAULT_WINDOW) -> Status:
+    """Collect every figure (a dozen bounded statements, a few ms on an idle database)."""
+    capped: list[str] = []
+    with connection.cursor() as cur:
+        (db_now,) = _one(cur, "SELECT statement_timestamp()")
+        pending: dict[str, int] = {}
+        for name, lo, hi in _BUCKET_RANGES:
+            where = "status = 'pending'"
+            params: list[Any] = []
+            if lo is not None:
+                where += " AND fire_at > %s::timestamptz + %s::interval"
+                params += [db_now, lo]
+            where += " AND fire_at <= %s::timestamptz + %s::interval"
+            params += [db_now, hi]
+            pending[name], hit = bounded_count(cur, where, params)
+            if hit:
+                capped.append(f"pending.{name}")
+        later, hit = bounded_count(cur, "status = 'pending' AND fire_at > %s::timestamptz + interval '1 day'",
+                                   [db_now])
+        estimated: list[str] = []
+        if hit:  # many future jobs: the planner's figure, rather than counting millions of index entries
+            later = max(later, planner_estimate(
+                cur, "SELECT 1 FROM cron_at_scale_job WHERE status = 'pending' AND fire_at > %s::timestamptz "
+                     "+ interval '1 day'", [db_now]))
+            estimated.append("pending.later")
+        pending["later"] = later
+        (oldest,) = _one(cur, "SELECT min(fire_at) FROM cron_at_scale_job WHERE status = 'pending'")
+        overdue = max(0.0, (db_now - oldest).total_seconds()) if oldest is not None else 0.0
+        lag, sample = _lag(cur, window)
+        in_progress, hit = bounded_count(cur, "finished_at IS NULL", table="cron_at_scale_jobattempt")
+        if hit:
+            capped.append("in_progress")
+        expired, hit = bounded_count(cur, "finished_at IS NULL AND locked_until < %s", [db_now],
+                                     table="cron_at_scale_jobattempt")
+        if hit:
+            capped.append("expired_leases")
+        dlq, hit = bounded_count(cur, "status = 'failed'", cap=DLQ_CAP)
+        if hit:
+            capped.append("dlq")
+        paused, hit = bounded_count(cur, "status = 'paused'")
+        if hit:
+            capped.append("paused")
+        (missed,) = _one(cur, "SELECT coalesce(sum(missed_occurrences), 0) FROM cron_at_scale_job "
+                              "WHERE NOT schedule_type = 'once'")
+        alive, names = _dispatchers(cur)
+    return Status(
+        db_now=db_now.isoformat(), pending=pending, oldest_overdue_seconds=round(overdue, 3),
+        lag_seconds=lag, lag_window_seconds=window, lag_sample=sample, in_progress=in_progress,
+        expired_leases=expired, dlq=dlq, paused=paused, missed_occurrences=int(missed),
+        dispatchers_alive=alive, dispatchers=names, capped=capped, estimated=estimated,
+    )

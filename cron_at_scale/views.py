@@ -1,0 +1,63 @@
+"""Views: Prometheus metrics (``metrics``) and the admin dashboard's figures.
+
+Route the metrics view yourself (it is not behind a login: Prometheus
+scrapes it; expose it only where your scraper can reach it)::
+
+    path("metrics", cron_at_scale.views.metrics)          # or include("cron_at_scale.urls")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpResponse
+from django.views.decorators.http import require_GET
+
+from . import status as statuslib
+
+LAG_BARS = (0.01, 0.1, 0.5, 1, 5, 30, 60)  # seconds: the dashboard's lag histogram edges
+CHART_WIDTH = 420  # px of the longest bar
+
+
+@require_GET
+def metrics(request):
+    """Every cron_at_scale metric in Prometheus' text format (database gauges computed now)."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    from . import metrics as metricslib
+
+    return HttpResponse(metricslib.render(), content_type=CONTENT_TYPE_LATEST)
+
+
+def _bars(items: list[tuple[str, int]]) -> list[dict[str, Any]]:
+    top = max((n for _, n in items), default=0) or 1
+    return [{"label": label, "value": n, "width": round(CHART_WIDTH * n / top), "y": i * 26}
+            for i, (label, n) in enumerate(items)]
+
+
+def lag_histogram(lags: list[float]) -> list[tuple[str, int]]:
+    """Count of ``lags`` (seconds) per bar: ``≤10 ms``, ``≤100 ms`` … ``>60 s``."""
+    counts = [0] * (len(LAG_BARS) + 1)
+    for lag in lags:
+        for i, edge in enumerate(LAG_BARS):
+            if lag <= edge:
+                counts[i] += 1
+                break
+        else:
+            counts[-1] += 1
+    labels = [f"≤{e * 1000:g} ms" if e < 1 else f"≤{e:g} s" for e in LAG_BARS] + [f">{LAG_BARS[-1]:g} s"]
+    return list(zip(labels, counts, strict=True))
+
+
+def dashboard_context(window: float = statuslib.DEFAULT_WINDOW) -> dict[str, Any]:
+    """What the dashboard template shows: the status snapshot and two bar charts."""
+    snap = statuslib.snapshot(window)
+    lags = statuslib.recent_lags(window)
+    bucket_labels = {"overdue": "overdue", "next_minute": "next minute", "next_hour": "next hour",
+                     "next_day": "next day", "later": "later"}
+    pending = _bars([(bucket_labels[k], v) for k, v in snap.pending.items()])
+    lag = _bars(lag_histogram(lags))
+    ms = {k: (None if v is None else round(v * 1000, 1)) for k, v in snap.lag_seconds.items()}
+    return {"status": snap, "pending_bars": pending, "pending_height": 26 * len(pending),
+            "lag_bars": lag, "lag_height": 26 * len(lag), "lag_ms": ms, "window_minutes": round(window / 60),
+            "capped": set(snap.capped), "estimated": set(snap.estimated)}
