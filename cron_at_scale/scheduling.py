@@ -8,6 +8,8 @@ before anything is written.
 
 from __future__ import annotations
 
+import csv
+import io
 import math
 import uuid
 from collections.abc import Iterable, Mapping
@@ -27,6 +29,8 @@ from .sql import QUERIES
 
 _ARGUMENTS = ["args", "kwargs", "at", "countdown", "cron", "every", "tz", "queue", "max_retries", "key",
               "catchup", "catchup_window", "overlap", "jitter"]
+_CATCHUPS = tuple(Catchup.values)
+_OVERLAPS = tuple(Overlap.values)
 MAX_COUNTDOWN = 100 * 365 * 86400  # seconds; a longer horizon is a bug, not a plan
 MAX_JSON_DEPTH = 64
 # Options a job may carry: Celery's message priority and the retry policy's overrides.
@@ -101,10 +105,10 @@ def _seconds(field_name: str, value: Any, minimum: float = 0.0) -> float:
 
 def _check_policy(recurring: bool, catchup: str, window: Any, overlap: str, jitter: Any) -> dict:
     """Validate the recurring-job policies (see ``cron_at_scale.recurrence``)."""
-    if catchup not in Catchup.values:
-        raise ValidationError("catchup", f"must be one of {', '.join(Catchup.values)}, got {catchup!r:.40}")
-    if overlap not in Overlap.values:
-        raise ValidationError("overlap", f"must be one of {', '.join(Overlap.values)}, got {overlap!r:.40}")
+    if catchup not in _CATCHUPS:
+        raise ValidationError("catchup", f"must be one of {', '.join(_CATCHUPS)}, got {catchup!r:.40}")
+    if overlap not in _OVERLAPS:
+        raise ValidationError("overlap", f"must be one of {', '.join(_OVERLAPS)}, got {overlap!r:.40}")
     window = DEFAULT_CATCHUP_WINDOW if window is None else _seconds("catchup_window", window)
     jitter = _seconds("jitter", jitter)
     customised = (catchup != "latest" or overlap != "skip" or window != DEFAULT_CATCHUP_WINDOW or jitter)
@@ -123,13 +127,17 @@ def _check_tz(tz: str) -> None:
         raise ValidationError("tz", f"unknown IANA time zone {tz!r}") from None
 
 
-def _task_name(task: Any) -> str:
+def _task_name(task: Any, registered: set[str] | None = None) -> str:
     name = getattr(task, "name", task)
     if not isinstance(name, str):
         raise ValidationError("task", f"must be a Celery task or its registered name, got {task!r:.60}")
     _check_text("task", name, 200)
+    if registered is not None and name in registered:
+        return name
     if conf.get("VALIDATE_TASK_NAMES") and not is_registered(name):
         raise ValidationError("task", f"{name!r} is not a registered Celery task")
+    if registered is not None:
+        registered.add(name)
     return name
 
 
@@ -161,10 +169,11 @@ def build_job(
     overlap: str = "skip",
     jitter: float | timedelta = 0,
     db_now: datetime | None = None,
+    _registered: set[str] | None = None,
     **options: Any,
 ) -> Job:
     """Validate one job's arguments and return the unsaved ``Job`` (see ``schedule``)."""
-    name = _task_name(task)
+    name = _task_name(task, _registered)
     given = [n for n, v in (("at", at), ("countdown", countdown), ("cron", cron), ("every", every)) if v is not None]
     if len(given) > 1 and given != ["at", "every"]:
         raise ValidationError(given[1], f"give one of at, countdown, cron, every (or at with every); got {' and '.join(given)}")
@@ -302,43 +311,70 @@ def schedule(task: Any, **spec: Any) -> Job:
         return existing
 
 
-def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 1000) -> list[Job]:
+def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 10_000) -> list[Job]:
     """Schedule many jobs in bulk; each spec is ``schedule``'s arguments as a dict with ``task``.
 
     All specs are validated before anything is written: one bad spec raises
     ``ValidationError`` (its field names the spec's index, e.g. ``"[3].cron"``)
-    and no row is written. Returns the jobs in spec order; a spec whose
-    ``key`` names a live job returns that job.
+    and no row is written. Jobs without a ``key`` go in with PostgreSQL's
+    ``COPY``; keyed ones with ``INSERT ... ON CONFLICT DO NOTHING``. Inside the
+    caller's transaction, like ``schedule``. Returns the jobs in spec order; a
+    spec whose ``key`` names a live job returns that job.
     """
     specs = list(specs)
     db_now = _db_now() if any(_needs_db_now(s) for s in specs if isinstance(s, Mapping)) else None
     jobs: list[Job] = []
+    registered: set[str] = set()
     for i, spec in enumerate(specs):
         if not isinstance(spec, Mapping) or "task" not in spec:
             raise ValidationError(f"[{i}]", "each spec must be a dict with a 'task'")
         spec = dict(spec)
         task = spec.pop("task")
         try:
-            jobs.append(build_job(task, db_now=db_now, **spec))
+            jobs.append(build_job(task, db_now=db_now, _registered=registered, **spec))
         except ValidationError as e:
             raise ValidationError(f"[{i}].{e.field}", e.text.split(": ", 1)[1]) from None
         except TypeError as e:
             raise ValidationError(f"[{i}]", str(e)) from None
     first_by_key: dict[str, Job] = {}
-    to_insert: list[Job] = []
+    keyed: list[Job] = []
+    plain: list[Job] = []
     for job in jobs:
-        if job.key is not None:
-            if job.key in first_by_key:
-                continue
+        if job.key is None:
+            plain.append(job)
+        elif job.key not in first_by_key:
             first_by_key[job.key] = job
-        to_insert.append(job)
+            keyed.append(job)
     with transaction.atomic():
-        for start in range(0, len(to_insert), batch_size):
-            Job.objects.bulk_create(to_insert[start : start + batch_size], ignore_conflicts=bool(first_by_key))
+        for start in range(0, len(plain), batch_size):
+            _copy(plain[start : start + batch_size])
+        for start in range(0, len(keyed), 1000):
+            Job.objects.bulk_create(keyed[start : start + 1000], ignore_conflicts=True)
         if first_by_key:
             live = {j.key: j for j in Job.objects.filter(key__in=list(first_by_key), status__in=LIVE_STATUSES)}
             return [live.get(j.key, j) if j.key is not None else j for j in jobs]
     return jobs
+
+
+_COPY_COLUMNS = ("id", "schedule_type", "fire_at", "cron_expr", "timezone", "task", "payload", "queue", "options",
+                 "status", "max_retries", "interval", "occurrence_at", "catchup", "catchup_window", "overlap",
+                 "jitter")
+
+
+def _copy(jobs: list[Job]) -> None:
+    """Insert ``jobs`` (no keys) with one ``COPY ... FROM STDIN`` (CSV, strings quoted; the two
+    nullable columns read "" as NULL)."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, quoting=csv.QUOTE_NONNUMERIC, lineterminator="\n")
+    for j in jobs:
+        writer.writerow((
+            str(j.id), j.schedule_type, j.fire_at.isoformat(), j.cron_expr, j.timezone, j.task, _dumps(j.payload),
+            j.queue, _dumps(j.options), j.status, j.max_retries, j.interval,
+            j.occurrence_at.isoformat() if j.occurrence_at else None, j.catchup, j.catchup_window, j.overlap, j.jitter,
+        ))
+    buf.seek(0)
+    with connection.cursor() as cur:
+        cur.copy_expert(f"COPY cron_at_scale_job ({', '.join(_COPY_COLUMNS)}) FROM STDIN WITH (FORMAT csv, FORCE_NULL (interval, occurrence_at))", buf)
 
 
 def cancel(job_id: uuid.UUID | str) -> bool:

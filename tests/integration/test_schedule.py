@@ -204,3 +204,21 @@ def test_dispatcher_command_refuses_bad_numbers():
         call_command("cron_dispatcher", "--batch-size", "-1")
     with pytest.raises(CommandError, match="--poll-interval: not a number"):
         call_command("cron_dispatcher", "--poll-interval", "fast")
+
+
+def test_schedule_many_copy_round_trips_awkward_payloads_and_rolls_back():
+    awkward = ['a,b', 'say "hi"', "line\nbreak", "back\\slash", "tab\there", "", "é€😀", "\\N", "NULL"]
+    jobs = cron_at_scale.schedule_many(
+        [{"task": noop, "args": [s], "kwargs": {s or "k": s}, "queue": "q,\"1\""} for s in awkward]
+        + [{"task": noop, "cron": "*/5 * * * *", "tz": "Europe/Paris", "jitter": 30}]
+    )
+    for job, s in zip(jobs, awkward):
+        row = Job.objects.get(id=job.id)
+        assert row.payload == {"args": [s], "kwargs": {s or "k": s}}
+        assert row.queue == 'q,"1"' and row.interval is None and row.occurrence_at is None
+    cron_row = Job.objects.get(id=jobs[-1].id)
+    assert cron_row.occurrence_at is not None and cron_row.jitter == 30 and cron_row.timezone == "Europe/Paris"
+    with pytest.raises(RuntimeError), transaction.atomic():
+        cron_at_scale.schedule_many([{"task": noop} for _ in range(100)])
+        raise RuntimeError
+    assert Job.objects.count() == len(jobs)
