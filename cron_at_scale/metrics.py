@@ -111,20 +111,21 @@ class DatabaseCollector:
     """
 
     def collect(self):
-        from django.db import close_old_connections
-
-        from . import status
+        from . import db, status
 
         up = GaugeMetricFamily("cron_database_up", "1 when the scheduler's database answered this scrape.")
-        close_old_connections()
-        try:
-            snap = status.snapshot()
-            lags = status.recent_lags()
-        except Exception as e:  # noqa: BLE001 (a scrape must answer; the reason goes to the log)
-            log.warning("metrics: database unavailable: %s", str(e).strip()[:200])
-            up.add_metric([], 0)
-            yield up
-            return
+        for attempt in (1, 2):  # a connection the server closed while idle: reconnect once
+            try:
+                snap = status.snapshot()
+                lags = status.recent_lags()
+                break
+            except Exception as e:  # noqa: BLE001 (a scrape must answer; the reason goes to the log)
+                if attempt == 2:
+                    log.warning("metrics: database unavailable: %s", str(e).strip()[:200])
+                    up.add_metric([], 0)
+                    yield up
+                    return
+                db.reset_connection()
         up.add_metric([], 1)
         yield up
         pending = GaugeMetricFamily("cron_jobs_pending", "Pending jobs by fire_at bucket (counts capped at "
@@ -181,6 +182,25 @@ def render() -> bytes:
 _server = None
 
 
+class _ClosingRegistry:
+    """The server thread's view of a registry: its database connection is closed after each scrape
+    (a scrape every 15 s does not need a connection held open in between)."""
+
+    def __init__(self, inner: CollectorRegistry):
+        self.inner = inner
+
+    def collect(self):
+        from django.db import connection
+
+        try:
+            yield from self.inner.collect()
+        finally:
+            connection.close()
+
+    def restricted_registry(self, names):
+        return self.inner.restricted_registry(names)
+
+
 def serve(port: int, addr: str = "0.0.0.0"):
     """Serve ``/metrics`` on ``port`` from a daemon thread (``cron_dispatcher --metrics-port``).
 
@@ -191,7 +211,7 @@ def serve(port: int, addr: str = "0.0.0.0"):
     global _server
     from prometheus_client import start_http_server
 
-    _server, _thread = start_http_server(port, addr=addr, registry=registry_for_scrape())
+    _server, _thread = start_http_server(port, addr=addr, registry=_ClosingRegistry(registry_for_scrape()))
     log.info("metrics on http://%s:%d/metrics", addr, port)
     return _server
 
