@@ -156,20 +156,20 @@ class JobAdmin(admin.ModelAdmin):
     change_list_template = "admin/cron_at_scale/job/change_list.html"
     fieldsets = (
         (None, {"fields": ("id", "task", "status", "schedule", "fire_at", "key", "queue", "payload", "options")}),
+        ("Attempts", {"fields": ("attempt_history",)}),
         ("Retries", {"fields": ("retries", "max_retries", "attempts", "lost_attempts")}),
         ("Lease", {"fields": ("locked_by", "locked_until", "cancel_requested")}),
         ("Recurring", {"classes": ("collapse",), "fields": (
             "occurrence_at", "catchup", "catchup_window", "overlap", "jitter", "buffered_at",
             "missed_occurrences", "skipped_occurrences", "pause_note")}),
         ("Times", {"fields": ("created_at", "updated_at")}),
-        ("Attempts", {"fields": ("attempt_history",)}),
     )
 
     # -- the list ---------------------------------------------------------------------------------
 
-    @admin.display(description="id", ordering="id")
+    @admin.display(description="id")
     def short_id(self, job: Job) -> str:
-        return str(job.id)
+        return format_html('<span title="{}" style="font-family:monospace">{}…</span>', job.id, str(job.id)[:8])
 
     @admin.display(description="schedule")
     def schedule(self, job: Job) -> str:

@@ -163,7 +163,46 @@ def _dispatchers(cur) -> tuple[int, list[str]]:
         [DISPATCHER_SEEN, COUNT_CAP],
     )
     names = [r[0] for r in cur.fetchall()]
+    beats = _heartbeats(cur)
+    if beats is not None:  # dispatchers say who they are and which shards they hold: the best source
+        return len(beats), [f"{name} (shards {_ranges(shards)})" for name, shards in beats]
     return max(int(alive), len(names)), names
+
+
+def _heartbeats(cur) -> list[tuple[str, list[int]]] | None:
+    """``[(name, shards)]`` of dispatchers whose heartbeat row is younger than ``DISPATCHER_SEEN``;
+    None where dispatchers keep no heartbeat table (an older schema)."""
+    from django.db import DatabaseError, transaction
+
+    from . import models
+
+    model = getattr(models, "DispatcherHeartbeat", None)
+    if model is None:
+        return None
+    try:
+        with transaction.atomic():  # a savepoint: a missing table must not break the caller's transaction
+            cur.execute(
+                f"SELECT name, shards FROM {model._meta.db_table} "
+                "WHERE last_seen >= statement_timestamp() - make_interval(secs => %s) ORDER BY name LIMIT 100",
+                [DISPATCHER_SEEN],
+            )
+            rows = cur.fetchall()
+    except DatabaseError:
+        return None
+    return [(name, json.loads(shards) if isinstance(shards, str) else list(shards or [])) for name, shards in rows]
+
+
+def _ranges(shards: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out: list[str] = []
+    for s in sorted(shards):
+        if out and "-" not in out[-1] and int(out[-1]) == s - 1:
+            out[-1] = f"{out[-1]}-{s}"
+        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == s - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{s}"
+        else:
+            out.append(str(s))
+    return ", ".join(out) or "none"
 
 
 def snapshot(window: float = DEFAULT_WINDOW) -> Status:

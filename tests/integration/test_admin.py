@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from demo.tasks import noop
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
@@ -12,7 +13,6 @@ from helpers import sql
 import cron_at_scale
 from cron_at_scale import admin as jobadmin
 from cron_at_scale.models import Job, JobAttempt
-from demo.tasks import noop
 
 pytestmark = pytest.mark.django_db
 URL = "/admin/cron_at_scale/job/"

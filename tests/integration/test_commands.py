@@ -9,12 +9,12 @@ import uuid
 from io import StringIO
 
 import pytest
+from demo.tasks import noop
 from django.core.management import CommandError, call_command
 from helpers import sql
 
 import cron_at_scale
 from cron_at_scale.models import Job
-from demo.tasks import noop
 
 
 def run(*args: str) -> tuple[str, str]:
@@ -25,10 +25,9 @@ def run(*args: str) -> tuple[str, str]:
 
 def manage(*args: str) -> subprocess.CompletedProcess:
     """``python manage.py <args>`` of the example project, against the test database."""
+    from demo.runner import PROJECT_DIR, child_env, database_url
     from django.conf import settings
     from django.db import connection
-
-    from demo.runner import PROJECT_DIR, child_env, database_url
 
     env = child_env(database_url(connection.settings_dict), settings.CELERY_BROKER_URL)
     return subprocess.run([sys.executable, "manage.py", *args], cwd=PROJECT_DIR, env=env, capture_output=True,

@@ -6,13 +6,13 @@ import socket
 import urllib.request
 
 import pytest
+from demo.tasks import noop
 from django.test import Client
 from helpers import sql
 from prometheus_client.parser import text_string_to_metric_families
 
 import cron_at_scale
 from cron_at_scale import metrics
-from demo.tasks import noop
 
 pytestmark = pytest.mark.django_db
 
