@@ -1,0 +1,65 @@
+"""The benchmark (bench/run.py) at its smallest size: it runs every workload and prints its JSON line.
+
+A smoke test, not a timed one: no figure is compared with a target here, only
+that each workload ran to the end (every job fired and executed) and reported.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.acceptance
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_benchmark_runs_at_a_small_size_and_prints_a_json_line(transactional_db, broker, tmp_path):
+    from demo.runner import child_env, database_url
+    from django.conf import settings
+    from django.db import connection
+
+    env = child_env(database_url(connection.settings_dict), settings.CELERY_BROKER_URL)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--size", "small",
+                           "--png-dir", str(tmp_path)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=540)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    c = r["ceiling"]
+    for part in ("ceiling", "firing", "burst", "general_path"):
+        assert c[part]["jobs"] > 0 and c[part]["jobs_per_s"] > 0, part
+    assert c["firing"]["on_broker"] == c["firing"]["jobs"]
+    assert c["burst"]["on_broker"] == c["burst"]["jobs"]
+    assert c["firing"]["ratio_to_ceiling"] > 0
+
+    w3 = r["w3"]
+    assert w3["schedule_many"]["jobs_per_s"] > 0 and w3["empty_jobs_per_s"] > 0 and w3["full_jobs_per_s"] > 0
+    assert w3["rows"] >= w3["future"]
+    assert w3["claim_plan"] and isinstance(w3["index_scan"], bool)
+
+    o = r["overhead"]
+    assert o["plain_jobs_per_s"] > 0 and o["scheduled_jobs_per_s"] > 0 and o["scheduled_completed"] == o["jobs"]
+
+    w1 = r["w1"]
+    assert w1["completed"] == w1["jobs"] and w1["firing_jobs_per_s"] > 0 and w1["completion_jobs_per_s"] > 0
+    assert {"p50", "p95", "p99", "max"} <= set(w1["start_lag_ms"])
+
+    for w2 in r["w2"]:
+        assert w2["started"] == w2["jobs"]
+        assert w2["start_lag_ms"]["n"] == w2["jobs"] and w2["series"]
+        assert {"p50", "p95", "p99", "max"} <= set(w2["dispatch_lag_ms"])
+
+    eta = r["eta"]
+    assert eta["burst"]["executed"] == eta["burst"]["jobs"] and eta["burst"]["start_lag_ms"]["p99"] is not None
+    assert eta["spread"]["executed"] == eta["spread"]["jobs"]
+
+    names = {t["target"] for t in r["targets"]}
+    assert any("firing" in n for n in names) and any("schedule_many" in n for n in names)
+    assert all(isinstance(t["met"], bool) for t in r["targets"])
+    assert r["machine"]["cpus"] and r["machine"]["load_start"]
+    assert "target" in proc.stderr  # the table
