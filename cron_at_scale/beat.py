@@ -354,18 +354,14 @@ class Scheduler(celery_beat.Scheduler):
         d = self.dispatcher
         try:
             with _signals_held():
-                now = time.monotonic()
-                if now >= self._next_reap:
-                    self._next_reap = now + d.reaper_interval
-                    d.reap()
-                claimed = d.tick()
+                claimed = d.step()
         except (OperationalError, InterfaceError) as e:
             self._backoff = min(5.0, (self._backoff or 0.1) * 2)
             log.warning("database unavailable (%s); retrying in %.1fs", str(e).strip()[:200], self._backoff)
             db.reset_connection()
             return self._backoff
         self._backoff = 0.0
-        return 0.0 if claimed >= d.batch_size else d.poll_interval
+        return 0.0 if claimed >= d.batch_size else d.next_wait()
 
     def sync(self) -> None:
         """Nothing to save: every job and its next fire time is in PostgreSQL."""
@@ -373,7 +369,7 @@ class Scheduler(celery_beat.Scheduler):
     def close(self) -> None:
         if self.dispatcher is not None:
             self.dispatcher.stop()
-            self.dispatcher.publisher.close()  # the broker connection kept between batches
+            self.dispatcher.close()  # held runs published at their time, shards released, broker connection closed
             log.info("dispatcher %s stopped: %d claimed, %d published", self.dispatcher.name,
                      self.dispatcher.claimed_total, self.dispatcher.published_total)
             self.dispatcher = None

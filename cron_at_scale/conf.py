@@ -11,6 +11,13 @@ DEFAULTS: dict[str, Any] = {
     "BATCH_SIZE": 1000,
     # Idle poll of the dispatcher; a full batch loops again without sleeping.
     "POLL_INTERVAL": 0.1,
+    # Jobs due within this many seconds are claimed early and published at their
+    # fire_at from an in-memory timer: firing lag does not depend on the poll.
+    "LOOKAHEAD": 1.0,
+    # Stop claiming while the broker holds more messages than this (overload waits in the database).
+    "MAX_BROKER_DEPTH": 200_000,
+    # Shard lease time; renewed every quarter of it. A dead dispatcher's shards move after this.
+    "SHARD_LEASE": 10.0,
     # Lease of a claimed attempt until a worker starts it (lost message => re-fire after this).
     "DISPATCH_LEASE": 30.0,
     # Lease of a running attempt; the worker's heartbeat renews it.
@@ -35,9 +42,9 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-_POSITIVE = ("BATCH_SIZE", "POLL_INTERVAL", "DISPATCH_LEASE", "RUN_LEASE", "HEARTBEAT_INTERVAL",
+_POSITIVE = ("BATCH_SIZE", "POLL_INTERVAL", "MAX_BROKER_DEPTH", "SHARD_LEASE", "DISPATCH_LEASE", "RUN_LEASE", "HEARTBEAT_INTERVAL",
              "REAPER_INTERVAL", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES")
-_INTEGER = ("BATCH_SIZE", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES")
+_INTEGER = ("MAX_BROKER_DEPTH", "BATCH_SIZE", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES")
 
 
 def problems() -> list[str]:
@@ -55,6 +62,9 @@ def problems() -> list[str]:
         kind = int if key in _INTEGER else (int, float)
         if isinstance(value, bool) or not isinstance(value, kind) or not value > 0:
             out.append(f"CRON_AT_SCALE[{key!r}] must be a {'whole ' if key in _INTEGER else ''}number > 0, got {value!r}")
+    value = user.get("LOOKAHEAD", DEFAULTS["LOOKAHEAD"])
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60:
+        out.append(f"CRON_AT_SCALE['LOOKAHEAD'] must be a number of seconds from 0 to 60, got {value!r}")
     for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS"):
         if not isinstance(user.get(key, DEFAULTS[key]), bool):
             out.append(f"CRON_AT_SCALE[{key!r}] must be True or False, got {user[key]!r}")

@@ -13,8 +13,10 @@ import os
 import signal
 import socket
 import threading
+import heapq
 import time
 from dataclasses import replace
+from datetime import timedelta
 
 from django.db import InterfaceError, OperationalError, transaction
 
@@ -22,6 +24,8 @@ from . import conf, db, dlq, failpoints
 from .app import get_app
 from .publish import Claimed, Publisher
 from .recurrence import Recurrence, plan
+from .shards import AllShards, ShardLeases
+from .wakeup import Wakeup
 
 log = logging.getLogger(__name__)
 
@@ -38,20 +42,33 @@ class Dispatcher:
     """
 
     def __init__(self, name: str | None = None, batch_size: int | None = None,
-                 poll_interval: float | None = None, lease: float | None = None, app=None):
+                 poll_interval: float | None = None, lease: float | None = None, app=None,
+                 shards: str = "auto", lookahead: float | None = None):
         conf.check()
         self.name = name or default_name()
         self.batch_size = int(batch_size or conf.get("BATCH_SIZE"))
         self.poll_interval = float(conf.get("POLL_INTERVAL") if poll_interval is None else poll_interval)
         self.lease = float(lease or conf.get("DISPATCH_LEASE"))
+        self.lookahead = float(conf.get("LOOKAHEAD") if lookahead is None else lookahead)
         self.reaper_interval = float(conf.get("REAPER_INTERVAL"))
         self.max_lost = int(conf.get("MAX_LOST_ATTEMPTS"))
+        self.max_broker_depth = int(conf.get("MAX_BROKER_DEPTH"))
         self.app = app or get_app()
         self.publisher = Publisher(self.app)
+        ttl = float(conf.get("SHARD_LEASE"))
+        self.shards = AllShards() if shards == "all" else ShardLeases(self.name, ttl)
+        self.shard_refresh = ttl / 4
+        self.wakeup = Wakeup()
         self.stopping = threading.Event()
         self.claimed_total = 0
         self.published_total = 0
         self._next_reap = 0.0
+        self._next_shards = 0.0
+        self._next_depth_check = 0.0
+        self._broker_full = False
+        self._timers: list[tuple[float, int, Claimed]] = []  # (monotonic due time, seq, run)
+        self._seq = 0
+        self._clock: tuple[float, float] | None = None  # (database time, monotonic) at the last claim
 
     # -- one step -------------------------------------------------------------------------
 
@@ -62,8 +79,14 @@ class Dispatcher:
         were claimed) one statement moving them to their next occurrence and
         logging the runs they fire now (see :mod:`cron_at_scale.recurrence`).
         """
+        if self._next_shards == 0.0:  # claim() called on its own (tools, tests): take shards first
+            self._next_shards = time.monotonic() + self.shard_refresh
+            self.shards.refresh()
         with transaction.atomic():
-            rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease}, retries=0)
+            rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease,
+                                    "lookahead": self.lookahead, **self.shards.claim_params()}, retries=0)
+            if rows:
+                self._clock = (rows[0][17].timestamp(), time.monotonic())
             runs = [Claimed.from_row(r) for r in rows if r[3] == "once"]
             recurring = [r for r in rows if r[3] != "once"]
             if recurring:
@@ -82,7 +105,11 @@ class Dispatcher:
             occurrence_at = occurrence_at or base.fire_at
             if buffered_at is None and base.fire_at < occurrence_at:
                 buffered_at = base.fire_at  # fire_at moved before the schedule ("run now"): one extra run
-            p = plan(rec, occurrence_at, db_now, running=running, buffered=buffered_at)
+            # Runs due within the look-ahead go to the timers; but whether a run overlaps
+            # the previous one is decided when it is due, not a look-ahead early.
+            early = self.lookahead if overlap == "allow" or not running else 0.0
+            horizon = db_now + timedelta(seconds=early)
+            p = plan(rec, occurrence_at, horizon, running=running, buffered=buffered_at)
             attempt = base.attempts
             for (occ, due_at), outcome in [*((s, "skipped") for s in p.skipped), *((f, "dispatched") for f in p.fire)]:
                 attempt += 1
@@ -102,19 +129,55 @@ class Dispatcher:
         return runs
 
     def tick(self) -> int:
-        """Claim one batch and publish it; return the number of jobs claimed."""
+        """Claim one batch; publish what is due now, hold the rest on timers; return the count claimed."""
         batch = self.claim()
         if batch:
             failpoints.hit("dispatcher.after_claim")
             self.claimed_total += len(batch)
-            try:
-                self.published_total += self.publisher.publish(batch)
-            except Exception:
-                # Claimed but not sent: their leases expire and the reaper fires them again.
-                log.exception("publishing %d claimed jobs failed; the reaper will re-fire them", len(batch))
+            db_time, mono = self._clock
+            due: list[Claimed] = []
+            for run in batch:
+                at = mono + (run.fire_at.timestamp() - db_time)  # when it is due, on this process's clock
+                if at <= mono:
+                    due.append(run)
+                else:
+                    self._seq += 1
+                    heapq.heappush(self._timers, (at, self._seq, run))
+            self._publish(due)
             log.info("dispatched batch", extra={"claimed": len(batch), "dispatcher": self.name,
                                                 "first_job": str(batch[0].job_id)})
         return len(batch)
+
+    def fire_timers(self, until: float | None = None) -> int:
+        """Publish the held runs whose time has come (all up to ``until``, a monotonic time)."""
+        until = time.monotonic() if until is None else until
+        due = []
+        while self._timers and self._timers[0][0] <= until:
+            due.append(heapq.heappop(self._timers)[2])
+        self._publish(due)
+        return len(due)
+
+    def _publish(self, runs: list[Claimed]) -> None:
+        if not runs:
+            return
+        try:
+            self.published_total += self.publisher.publish(runs)
+        except Exception:
+            # Claimed but not sent: their leases expire and the reaper fires them again.
+            log.exception("publishing %d claimed jobs failed; the reaper will re-fire them", len(runs))
+
+    def broker_full(self) -> bool:
+        """True while the broker holds more than ``MAX_BROKER_DEPTH`` messages (checked once a second):
+        the dispatcher then stops claiming, so an overload waits in the database, not the broker."""
+        now = time.monotonic()
+        if now >= self._next_depth_check:
+            self._next_depth_check = now + 1.0
+            depth = self.publisher.depth()
+            full = depth is not None and depth > self.max_broker_depth
+            if full != self._broker_full:
+                log.warning("broker holds %s messages: %s claiming", depth, "pausing" if full else "resuming")
+            self._broker_full = full
+        return self._broker_full
 
     def reap(self) -> int:
         """Handle attempts whose lease expired; return how many were reaped.
@@ -130,12 +193,12 @@ class Dispatcher:
             if not lost:
                 return 0
             failed = db.run("reap_once", {"job_ids": [r[0] for r in lost], "attempts": [r[1] for r in lost],
-                                          "max_lost": self.max_lost}, retries=0)
+                                          "started": [r[3] for r in lost], "max_lost": self.max_lost}, retries=0)
             once = {r[0] for r in failed}
-            for job_id, _attempt, scheduled_at in lost:
+            for job_id, _attempt, scheduled_at, started in lost:
                 if job_id in once:
                     continue
-                rows = db.run("refire_cron", {"job_id": job_id, "scheduled_at": scheduled_at,
+                rows = db.run("refire_cron", {"job_id": job_id, "scheduled_at": scheduled_at, "started": started,
                                               "max_lost": self.max_lost, "lease": self.lease}, retries=0)
                 refire += [Claimed.from_row(r) for r in rows]
         log.warning("reaped %d expired leases (%d cron runs fired again): %s", len(lost), len(refire),
@@ -149,25 +212,40 @@ class Dispatcher:
 
     # -- the loop -------------------------------------------------------------------------
 
+    def step(self) -> int:
+        """One pass of the loop: refresh shard leases and reap when due, fire timers, claim a batch.
+
+        Returns how many jobs were claimed (0 while the broker is full).
+        """
+        now = time.monotonic()
+        if now >= self._next_shards:
+            self._next_shards = now + self.shard_refresh
+            self.shards.refresh()
+        if now >= self._next_reap:
+            self._next_reap = now + self.reaper_interval
+            self.reap()
+        self.fire_timers()
+        n = 0 if self.broker_full() else self.tick()
+        self.fire_timers()
+        return n
+
     def run(self, max_seconds: float | None = None) -> None:
         """Loop until ``stop()`` (or SIGTERM/SIGINT via ``install_signal_handlers``).
 
-        A claimed batch is always published before the loop exits. Database
-        errors (a restart) are logged and retried after a short pause.
+        Sleeps only when a batch was not full: until the next held run is due,
+        a wake-up notification arrives, or ``poll_interval`` passes. On stop,
+        runs already claimed are published at their time before it exits.
+        Database errors (a restart) are logged and retried after a short pause.
         """
         deadline = time.monotonic() + max_seconds if max_seconds else None
-        log.info("dispatcher %s started (batch %d, poll %.3fs, lease %.1fs)",
-                 self.name, self.batch_size, self.poll_interval, self.lease)
+        log.info("dispatcher %s started (batch %d, poll %.3fs, lease %.1fs, look-ahead %.1fs)",
+                 self.name, self.batch_size, self.poll_interval, self.lease, self.lookahead)
         pause = 0.0
         while not self.stopping.is_set():
             if deadline and time.monotonic() > deadline:
                 break
             try:
-                now = time.monotonic()
-                if now >= self._next_reap:
-                    self._next_reap = now + self.reaper_interval
-                    self.reap()
-                n = self.tick()
+                n = self.step()
                 pause = 0.0
             except (OperationalError, InterfaceError) as e:
                 pause = min(5.0, (pause or 0.1) * 2)
@@ -176,9 +254,30 @@ class Dispatcher:
                 self.stopping.wait(pause)
                 continue
             if n < self.batch_size:
-                self.stopping.wait(self.poll_interval)
+                self.wakeup.wait(self.next_wait(), self.stopping)
+        self.close()
+
+    def next_wait(self) -> float:
+        """Seconds to sleep after a batch that was not full: the poll interval or the next held run."""
+        if self._timers:
+            return min(self.poll_interval, max(0.0, self._timers[0][0] - time.monotonic()))
+        return self.poll_interval
+
+    def close(self) -> None:
+        """Publish held runs at their time, give back shard leases, close connections."""
+        self._drain_timers()
+        try:
+            self.shards.release_all()
+        except (OperationalError, InterfaceError):
+            log.warning("could not release shard leases; they expire in %.0fs", self.shard_refresh * 4)
+        self.wakeup.close()
         self.publisher.close()
-        log.info("dispatcher %s stopped: %d claimed, %d published", self.name, self.claimed_total, self.published_total)
+        log.info("dispatcher %s closed: %d claimed, %d published", self.name, self.claimed_total, self.published_total)
+
+    def _drain_timers(self) -> None:
+        while self._timers:
+            time.sleep(max(0.0, self._timers[0][0] - time.monotonic()))
+            self.fire_timers()
 
     def stop(self, *_args) -> None:
         self.stopping.set()

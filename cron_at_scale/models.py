@@ -57,6 +57,7 @@ class Outcome(models.TextChoices):
 
 LIVE_STATUSES = (Status.PENDING, Status.IN_PROGRESS, Status.PAUSED)
 
+NUM_SHARDS = 64  # fixed by migration 0004
 DEFAULT_CATCHUP_WINDOW = 300.0  # seconds: a restart or deploy is caught up, a day-long outage is not
 
 
@@ -98,6 +99,16 @@ class Job(models.Model):
     missed_occurrences = models.PositiveIntegerField(db_default=0)
     skipped_occurrences = models.PositiveIntegerField(db_default=0)
     pause_note = models.TextField(blank=True, db_default="")
+    # Which shard the job belongs to, from its id (dispatchers lease shards to split the work).
+    shard = models.GeneratedField(
+        expression=models.Func(
+            models.F("id"),
+            template="((('x' || substr(replace(%(expressions)s::text, '-', ''), 1, 8))::bit(32)::int "
+                     f"& 2147483647) %% {NUM_SHARDS})",
+        ),
+        output_field=models.SmallIntegerField(),
+        db_persist=True,
+    )
     created_at = models.DateTimeField(db_default=Now())
     updated_at = models.DateTimeField(db_default=Now())
 
@@ -105,6 +116,8 @@ class Job(models.Model):
         indexes = [
             # The claim walks this index only: it stays small (pending rows) and ordered by fire_at.
             models.Index(fields=["fire_at"], name="cron_job_pending_fire_at", condition=Q(status="pending")),
+            # A dispatcher holding few shards claims through this one.
+            models.Index(fields=["shard", "fire_at"], name="cron_job_pending_shard", condition=Q(status="pending")),
             # The admin at 10M rows: its default ordering (-fire_at, -id) and each list filter walk an index.
             models.Index(fields=["fire_at", "id"], name="cron_job_fire_at_id"),
             models.Index(fields=["status", "fire_at", "id"], name="cron_job_status_fire_at"),
@@ -179,3 +192,29 @@ class JobAttempt(models.Model):
 def task_id_for(job_id, attempt: int) -> str:
     """Celery task id of attempt ``attempt`` of job ``job_id``: ``"<job uuid>:<attempt>"``."""
     return f"{job_id}:{attempt}"
+
+
+class ShardLease(models.Model):
+    """Which dispatcher owns shard ``shard`` until ``expires_at`` (database time).
+
+    Leases only spread the work: two dispatchers claiming the same shard still
+    never claim the same job (row locks), so a forged or stale lease is harmless.
+    """
+
+    shard = models.SmallIntegerField(primary_key=True)
+    owner = models.CharField(max_length=200, blank=True, db_default="")
+    expires_at = models.DateTimeField(db_default=Now())
+
+    def __str__(self) -> str:
+        return f"shard {self.shard}: {self.owner or '-'}"
+
+
+class DispatcherHeartbeat(models.Model):
+    """A running dispatcher: its name, when it last said so, and the shards it held then."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    last_seen = models.DateTimeField(db_default=Now())
+    shards = models.JSONField(default=list)
+
+    def __str__(self) -> str:
+        return self.name

@@ -112,6 +112,20 @@ class Publisher:
     def fast(self) -> bool:
         return self._connection().transport.driver_type == "redis"
 
+    def depth(self) -> int | None:
+        """Messages waiting in the Redis lists this publisher sends to (None if unknown)."""
+        names = {n for n in self._routes.values() if n}
+        if not names:
+            return None
+        try:
+            if not self.fast:
+                return None
+            channel = self._connection().default_channel
+            return sum(channel._size(n) for n in names)
+        except Exception:  # a broker blip: no verdict, keep going
+            log.debug("could not read the broker's queue depth", exc_info=True)
+            return None
+
     # -- publishing ----------------------------------------------------------------------
 
     def publish(self, batch: list[Claimed]) -> int:

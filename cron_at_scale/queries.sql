@@ -4,15 +4,17 @@
 -- (not now(), which is frozen at the start of a surrounding transaction).
 
 -- name: claim
--- Claim up to %(limit)s due jobs in ONE statement: lock them (skipping rows
--- another dispatcher holds). A one-off job moves to in_progress with the next
+-- Claim up to %(limit)s jobs due within %(lookahead)s seconds, of the shards
+-- this dispatcher holds, in ONE statement: lock them (skipping rows another
+-- dispatcher holds). A one-off job moves to in_progress with the next
 -- attempt number, its dispatch lease and its attempt log row, all here.
 -- A recurring job stays pending and locked: the dispatcher decides which of
 -- its occurrences fire (catch-up, overlap) and writes them with
 -- advance_recurring, in this same transaction.
 WITH due AS (
     SELECT id FROM cron_at_scale_job
-    WHERE status = 'pending' AND fire_at <= statement_timestamp()
+    WHERE status = 'pending' AND fire_at <= statement_timestamp() + make_interval(secs => %(lookahead)s)
+      AND (%(all_shards)s OR shard = ANY(%(shards)s::smallint[]))
     ORDER BY fire_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -21,23 +23,29 @@ WITH due AS (
     SET status = CASE WHEN j.schedule_type = 'once' THEN 'in_progress' ELSE j.status END,
         attempts = CASE WHEN j.schedule_type = 'once' THEN j.attempts + 1 ELSE j.attempts END,
         locked_by = CASE WHEN j.schedule_type = 'once' THEN %(dispatcher)s ELSE j.locked_by END,
+        -- a job whose earlier attempts were lost before any worker started them (a
+        -- backlog, a broker outage) gets a longer dispatch lease each time (x2, up to x16),
+        -- so re-fires do not outrun the workers
         locked_until = CASE WHEN j.schedule_type = 'once'
-                            THEN statement_timestamp() + make_interval(secs => %(lease)s) ELSE j.locked_until END,
+                            THEN statement_timestamp() + make_interval(secs => %(lease)s
+                                 * power(2, LEAST(4, GREATEST(0, j.attempts - j.retries - j.lost_attempts))))
+                            ELSE j.locked_until END,
         updated_at = statement_timestamp()
-    FROM due
-    WHERE j.id = due.id
+    -- = ANY(ARRAY(...)): a primary-key lookup per claimed id, whatever the row estimates
+    WHERE j.id = ANY(ARRAY(SELECT id FROM due))
     RETURNING j.id, j.attempts, j.fire_at, j.schedule_type, j.cron_expr, j.timezone,
               j.task, j.payload, j.queue, j.options,
               j.interval, j.occurrence_at, j.catchup, j.catchup_window, j.overlap, j.jitter,
-              j.buffered_at
+              j.buffered_at, j.locked_until
 ), logged AS (
     INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome)
-    SELECT id, attempts, fire_at, statement_timestamp(),
-           statement_timestamp() + make_interval(secs => %(lease)s), 'dispatched'
+    SELECT id, attempts, fire_at, statement_timestamp(), locked_until, 'dispatched'
     FROM claimed
     WHERE schedule_type = 'once'
 )
-SELECT c.*, statement_timestamp(),
+SELECT c.id, c.attempts, c.fire_at, c.schedule_type, c.cron_expr, c.timezone, c.task, c.payload, c.queue,
+       c.options, c.interval, c.occurrence_at, c.catchup, c.catchup_window, c.overlap, c.jitter, c.buffered_at,
+       statement_timestamp(),
        c.schedule_type <> 'once' AND c.overlap <> 'allow' AND EXISTS (
            SELECT 1 FROM cron_at_scale_jobattempt AS a WHERE a.job_id = c.id AND a.finished_at IS NULL
        ) AS running
@@ -156,21 +164,25 @@ WITH expired AS (
 )
 UPDATE cron_at_scale_jobattempt AS a
 SET outcome = 'lost', finished_at = statement_timestamp(),
-    error = 'lease expired: the worker died or the message was lost'
+    error = CASE WHEN a.started_at IS NULL THEN 'lease expired before a worker started it (message lost or queued too long)'
+                 ELSE 'lease expired while running: the worker died' END
 FROM expired
 WHERE a.id = expired.id
-RETURNING a.job_id, a.attempt, a.scheduled_at;
+RETURNING a.job_id, a.attempt, a.scheduled_at, a.started_at IS NOT NULL;
 
 -- name: reap_once
--- One-off jobs of lost attempts go back to pending, to fire again at once
--- with the next attempt number, or fail once they lost %(max_lost)s attempts
--- (a poison job that kills its worker must end, in the dead-letter queue).
+-- One-off jobs of lost attempts go back to pending, to fire again at once with
+-- the next attempt number. Attempts lost while running count toward
+-- %(max_lost)s: a poison job that kills its worker must end, in the
+-- dead-letter queue. Attempts lost before any worker started them (a lost
+-- message, a long backlog) do not count: the job itself is not at fault.
 UPDATE cron_at_scale_job AS j
-SET status = CASE WHEN j.lost_attempts + 1 >= %(max_lost)s THEN 'failed' ELSE 'pending' END,
-    fire_at = CASE WHEN j.lost_attempts + 1 >= %(max_lost)s THEN j.fire_at ELSE statement_timestamp() END,
-    lost_attempts = j.lost_attempts + 1,
+SET status = CASE WHEN l.started AND j.lost_attempts + 1 >= %(max_lost)s THEN 'failed' ELSE 'pending' END,
+    fire_at = CASE WHEN l.started AND j.lost_attempts + 1 >= %(max_lost)s THEN j.fire_at
+                   ELSE statement_timestamp() END,
+    lost_attempts = j.lost_attempts + CASE WHEN l.started THEN 1 ELSE 0 END,
     locked_by = '', locked_until = NULL, updated_at = statement_timestamp()
-FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[]) AS l(job_id, attempt)
+FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[], %(started)s::bool[]) AS l(job_id, attempt, started)
 WHERE j.id = l.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress' AND j.attempts = l.attempt
 RETURNING j.id, j.status, j.attempts, j.task;
 
@@ -179,10 +191,13 @@ RETURNING j.id, j.status, j.attempts, j.task;
 -- the same scheduled occurrence, until that occurrence lost %(max_lost)s runs.
 WITH j AS (
     UPDATE cron_at_scale_job AS j
-    SET attempts = j.attempts + 1, lost_attempts = j.lost_attempts + 1, updated_at = statement_timestamp()
+    SET attempts = j.attempts + 1,
+        lost_attempts = j.lost_attempts + CASE WHEN %(started)s THEN 1 ELSE 0 END,
+        updated_at = statement_timestamp()
     WHERE j.id = %(job_id)s AND j.schedule_type <> 'once' AND j.status = 'pending'
       AND (SELECT count(*) FROM cron_at_scale_jobattempt AS a
-           WHERE a.job_id = %(job_id)s AND a.scheduled_at = %(scheduled_at)s AND a.outcome = 'lost') < %(max_lost)s
+           WHERE a.job_id = %(job_id)s AND a.scheduled_at = %(scheduled_at)s AND a.outcome = 'lost'
+             AND a.started_at IS NOT NULL) < %(max_lost)s
     RETURNING j.id, j.attempts, j.schedule_type, j.cron_expr, j.timezone, j.task, j.payload, j.queue, j.options
 ), logged AS (
     INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome)
@@ -229,3 +244,47 @@ UPDATE cron_at_scale_job
 SET status = 'pending', pause_note = '', updated_at = statement_timestamp()
 WHERE id = %(job_id)s AND status = 'paused'
 RETURNING id;
+
+-- name: heartbeat_dispatcher
+-- A dispatcher says it is alive (and which shards it holds); returns how many are alive.
+WITH me AS (
+    INSERT INTO cron_at_scale_dispatcherheartbeat (name, last_seen, shards)
+    VALUES (%(name)s, statement_timestamp(), %(shards)s::jsonb)
+    ON CONFLICT (name) DO UPDATE SET last_seen = EXCLUDED.last_seen, shards = EXCLUDED.shards
+    RETURNING name
+)
+SELECT 1 + count(*) FROM cron_at_scale_dispatcherheartbeat
+WHERE name <> %(name)s AND last_seen > statement_timestamp() - make_interval(secs => %(ttl)s);
+
+-- name: renew_shards
+UPDATE cron_at_scale_shardlease
+SET expires_at = statement_timestamp() + make_interval(secs => %(ttl)s)
+WHERE owner = %(name)s
+RETURNING shard;
+
+-- name: acquire_shards
+-- Free or expired shards (a dispatcher stopped or died), up to %(n)s of them.
+UPDATE cron_at_scale_shardlease
+SET owner = %(name)s, expires_at = statement_timestamp() + make_interval(secs => %(ttl)s)
+WHERE shard IN (
+    SELECT shard FROM cron_at_scale_shardlease
+    WHERE owner = '' OR expires_at < statement_timestamp()
+    ORDER BY shard
+    LIMIT %(n)s
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING shard;
+
+-- name: release_shards
+UPDATE cron_at_scale_shardlease
+SET owner = '', expires_at = statement_timestamp()
+WHERE owner = %(name)s AND shard = ANY(%(shards)s::smallint[]);
+
+-- name: forget_dispatcher
+DELETE FROM cron_at_scale_dispatcherheartbeat WHERE name = %(name)s;
+
+-- name: ensure_shards
+-- The 64 lease rows (created by migration 0004; again here if a table flush removed them).
+INSERT INTO cron_at_scale_shardlease (shard, owner, expires_at)
+SELECT s, '', statement_timestamp() FROM generate_series(0, %(n)s - 1) AS s
+ON CONFLICT (shard) DO NOTHING;

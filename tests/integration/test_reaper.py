@@ -25,9 +25,10 @@ def dispatcher(monkeypatch):
     return d
 
 
-def expire_leases():
-    sql("UPDATE cron_at_scale_jobattempt SET locked_until = statement_timestamp() - interval '1 second' "
-        "WHERE finished_at IS NULL")
+def expire_leases(started: bool = False):
+    """Expire every open lease; ``started``: as if a worker had started the attempts (then died)."""
+    sql("UPDATE cron_at_scale_jobattempt SET locked_until = statement_timestamp() - interval '1 second', "
+        "started_at = CASE WHEN %s THEN statement_timestamp() END WHERE finished_at IS NULL", [started])
 
 
 def test_unexpired_leases_are_left_alone(dispatcher):
@@ -40,7 +41,7 @@ def test_unexpired_leases_are_left_alone(dispatcher):
 def test_lost_attempt_fires_again_with_the_next_attempt_number(dispatcher):
     job = cron_at_scale.schedule(noop)
     dispatcher.claim()
-    expire_leases()
+    expire_leases(started=True)  # its worker died
     assert dispatcher.reap() == 1
     row = Job.objects.get(id=job.id)
     assert (row.status, row.lost_attempts, row.retries) == ("pending", 1, 0)
@@ -55,12 +56,28 @@ def test_a_job_that_keeps_losing_its_attempts_fails_and_is_dead_lettered(dispatc
     job = cron_at_scale.schedule(noop)
     for _ in range(3):
         assert len(dispatcher.claim()) == 1
-        expire_leases()
+        expire_leases(started=True)  # a poison job: its worker dies while running it
         dispatcher.reap()
     row = Job.objects.get(id=job.id)
     assert (row.status, row.lost_attempts) == ("failed", 3)
     assert [a[1:3] for a in dispatcher.announced] == [(job.id, 3)]
     assert dispatcher.claim() == []
+
+
+def test_attempts_lost_before_any_worker_started_them_never_fail_the_job(dispatcher):
+    # A backlog or a broker outage longer than the dispatch lease: the job is not at fault.
+    job = cron_at_scale.schedule(noop)
+    leases = []
+    for _ in range(7):
+        assert len(dispatcher.claim()) == 1
+        (lease,), = sql("SELECT extract(epoch FROM locked_until - dispatched_at) FROM cron_at_scale_jobattempt "
+                        "WHERE finished_at IS NULL")
+        leases.append(round(float(lease)))
+        expire_leases(started=False)
+        dispatcher.reap()
+    row = Job.objects.get(id=job.id)
+    assert (row.status, row.lost_attempts, row.attempts) == ("pending", 0, 7)
+    assert leases == [30, 60, 120, 240, 480, 480, 480]  # re-fires back off so they do not outrun the workers
 
 
 def test_finished_attempts_are_never_reaped(dispatcher):

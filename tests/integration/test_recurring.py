@@ -32,7 +32,7 @@ def finish_open_attempts():
 def test_latest_catchup_after_an_outage_fires_once_and_counts_the_missed():
     job = cron_at_scale.schedule(noop, cron="* * * * *", catchup_window=600)
     shift(job, 30 * 60 + 1)  # 30 minutes of outage
-    runs = Dispatcher().claim()
+    runs = Dispatcher(lookahead=0).claim()
     assert len(runs) == 1
     row = Job.objects.get(id=job.id)
     assert row.missed_occurrences == 30  # 31 due: one fired, the rest counted
@@ -42,9 +42,9 @@ def test_latest_catchup_after_an_outage_fires_once_and_counts_the_missed():
 def test_overlap_skip_records_the_occurrence_as_a_skipped_attempt():
     job = cron_at_scale.schedule(noop, cron="* * * * * *")
     shift(job, 1)
-    assert len(Dispatcher().claim()) == 1  # run 1 is now open (dispatched, not finished)
+    assert len(Dispatcher(lookahead=0).claim()) == 1  # run 1 is now open (dispatched, not finished)
     shift(job, 1)
-    assert Dispatcher().claim() == []
+    assert Dispatcher(lookahead=0).claim() == []
     outcomes = list(JobAttempt.objects.filter(job_id=job.id).order_by("attempt").values_list("outcome", flat=True))
     assert outcomes == ["dispatched", "skipped"]
     assert Job.objects.get(id=job.id).skipped_occurrences == 1
@@ -53,13 +53,13 @@ def test_overlap_skip_records_the_occurrence_as_a_skipped_attempt():
 def test_overlap_buffer_one_fires_the_buffered_occurrence_when_the_run_ends():
     job = cron_at_scale.schedule(noop, cron="*/10 * * * * *", overlap="buffer_one")
     shift(job, 10)
-    assert len(Dispatcher().claim()) == 1
+    assert len(Dispatcher(lookahead=0).claim()) == 1
     shift(job, 10)
-    assert Dispatcher().claim() == []  # buffered: no attempt row yet
+    assert Dispatcher(lookahead=0).claim() == []  # buffered: no attempt row yet
     buffered = Job.objects.get(id=job.id).buffered_at
     assert buffered is not None
     finish_open_attempts()  # the running one ends: the buffered occurrence is due now
-    runs = Dispatcher().claim()
+    runs = Dispatcher(lookahead=0).claim()
     assert [r.occurrence for r in runs] == [buffered]
     assert Job.objects.get(id=job.id).buffered_at is None
 
@@ -67,9 +67,9 @@ def test_overlap_buffer_one_fires_the_buffered_occurrence_when_the_run_ends():
 def test_overlap_allow_fires_while_a_run_is_open():
     job = cron_at_scale.schedule(noop, cron="* * * * * *", overlap="allow")
     shift(job, 1)
-    assert len(Dispatcher().claim()) == 1
+    assert len(Dispatcher(lookahead=0).claim()) == 1
     shift(job, 1)
-    assert len(Dispatcher().claim()) == 1
+    assert len(Dispatcher(lookahead=0).claim()) == 1
 
 
 def test_jitter_moves_fire_at_within_the_gap_and_keeps_the_occurrence():
@@ -82,7 +82,7 @@ def test_jitter_moves_fire_at_within_the_gap_and_keeps_the_occurrence():
 def test_a_run_carries_its_nominal_occurrence():
     job = cron_at_scale.schedule(noop, cron="* * * * *", jitter=50)
     shift(job, 120)
-    runs = Dispatcher().claim()
+    runs = Dispatcher(lookahead=0).claim()
     assert len(runs) == 1
     run = runs[0]
     assert run.occurrence.second == 0 and run.occurrence.microsecond == 0
@@ -97,9 +97,9 @@ def test_pause_holds_a_job_and_resume_follows_the_catchup_policy():
     row = Job.objects.get(id=job.id)
     assert (row.status, row.pause_note) == ("paused", "maintenance")
     shift(job, 5 * 60)
-    assert Dispatcher().claim() == []  # paused: nothing fires
+    assert Dispatcher(lookahead=0).claim() == []  # paused: nothing fires
     assert cron_at_scale.resume(job.id)
-    assert Dispatcher().claim() == []  # skip: five missed occurrences are not fired
+    assert Dispatcher(lookahead=0).claim() == []  # skip: five missed occurrences are not fired
     assert Job.objects.get(id=job.id).missed_occurrences == 5
     once = cron_at_scale.schedule(noop, countdown=60)
     assert not cron_at_scale.pause(once.id)  # only recurring jobs pause
@@ -118,7 +118,7 @@ def test_interval_jobs_fire_every_n_seconds_from_the_schedule():
     row = Job.objects.get(id=job.id)
     assert (row.schedule_type, row.interval, row.fire_at) == ("interval", 90.0, start)
     shift(job, 3600 + 1)
-    assert len(Dispatcher().claim()) == 1
+    assert len(Dispatcher(lookahead=0).claim()) == 1
     # 90 s after the scheduled occurrence it fired, not after "now"
     assert Job.objects.get(id=job.id).fire_at == start - timedelta(seconds=3601) + timedelta(seconds=90)
 
@@ -126,7 +126,7 @@ def test_interval_jobs_fire_every_n_seconds_from_the_schedule():
 def test_run_now_on_a_cron_job_is_one_extra_run():
     job = cron_at_scale.schedule(noop, cron="0 0 1 1 *")
     sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() WHERE id = %s", [job.id])
-    runs = Dispatcher().claim()
+    runs = Dispatcher(lookahead=0).claim()
     assert len(runs) == 1
     row = Job.objects.get(id=job.id)
     assert row.fire_at == row.occurrence_at and row.fire_at.month == 1  # the schedule is untouched

@@ -48,6 +48,11 @@ def test_claim_walks_the_partial_index_beside_many_future_jobs():
         FROM generate_series(1, 200) g
     """)
     sql("ANALYZE cron_at_scale_job")
-    plan = "\n".join(r[0] for r in sql("EXPLAIN " + QUERIES["claim"], {"limit": 1000, "dispatcher": "t", "lease": 30.0}))
+    params = {"limit": 1000, "dispatcher": "t", "lease": 30.0, "lookahead": 1.0}
+    plan = "\n".join(r[0] for r in sql("EXPLAIN " + QUERIES["claim"], {**params, "all_shards": True, "shards": [-1]}))
     assert "cron_job_pending_fire_at" in plan, plan
+    assert "Seq Scan on cron_at_scale_job" not in plan, plan
+    # A dispatcher holding a few shards: still an index on pending rows, never the table.
+    plan = "\n".join(r[0] for r in sql("EXPLAIN " + QUERIES["claim"], {**params, "all_shards": False, "shards": [3, 7]}))
+    assert "cron_job_pending" in plan, plan
     assert "Seq Scan on cron_at_scale_job" not in plan, plan

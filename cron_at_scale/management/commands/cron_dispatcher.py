@@ -39,6 +39,9 @@ class Command(BaseCommand):
         parser.add_argument("--lease", type=_positive(float),
                             help="dispatch lease in seconds (default: CRON_AT_SCALE['DISPATCH_LEASE'], 30)")
         parser.add_argument("--name", help="this dispatcher's name in locked_by (default host:pid)")
+        parser.add_argument("--shards", default="auto", choices=["auto", "all"],
+                            help="auto: share the 64 shards with the other dispatchers through leases "
+                                 "(default); all: claim from every shard, taking no lease")
         parser.add_argument("--max-seconds", type=_positive(float), help="exit after this many seconds (for tests)")
 
     def handle(self, *args, **opts):
@@ -46,7 +49,7 @@ class Command(BaseCommand):
         logging.getLogger("cron_at_scale").setLevel(level)
         try:
             dispatcher = Dispatcher(name=opts["name"], batch_size=opts["batch_size"],
-                                    poll_interval=opts["poll_interval"], lease=opts["lease"])
+                                    poll_interval=opts["poll_interval"], lease=opts["lease"], shards=opts["shards"])
         except Exception as e:  # a broken configuration, said plainly
             raise CommandError(f"cannot start the dispatcher: {e}") from e
         dispatcher.install_signal_handlers()

@@ -1,0 +1,98 @@
+"""Shard leases spread the work; correctness never depends on them. Wake-ups and look-ahead."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from helpers import sql
+
+import cron_at_scale
+from cron_at_scale.dispatcher import Dispatcher
+from cron_at_scale.models import NUM_SHARDS, Job, ShardLease
+from cron_at_scale.wakeup import Wakeup
+from demo.tasks import noop
+
+pytestmark = pytest.mark.django_db
+
+
+def test_one_dispatcher_takes_every_shard_and_claims_unfiltered():
+    d = Dispatcher(name="solo")
+    d.shards.refresh()
+    assert d.shards.all and d.shards.claim_params()["all_shards"] is True
+    assert ShardLease.objects.filter(owner="solo").count() == NUM_SHARDS
+
+
+def test_shards_rebalance_when_a_dispatcher_joins_and_move_when_one_stops():
+    a, b = Dispatcher(name="a"), Dispatcher(name="b")
+    a.shards.refresh()
+    assert len(a.shards.owned) == NUM_SHARDS
+    b.shards.refresh()  # b is alive now, but a still holds everything
+    a.shards.refresh()  # a sees two dispatchers: gives back half
+    b.shards.refresh()  # b takes the free half
+    assert len(a.shards.owned) == len(b.shards.owned) == NUM_SHARDS // 2
+    assert not a.shards.owned & b.shards.owned
+    a.shards.release_all()  # a clean stop hands over at once
+    b.shards.refresh()
+    assert len(b.shards.owned) == NUM_SHARDS
+
+
+def test_each_dispatcher_claims_only_its_shards():
+    jobs = [cron_at_scale.schedule(noop) for _ in range(200)]
+    a, b = Dispatcher(name="a", batch_size=1000), Dispatcher(name="b", batch_size=1000)
+    for d in (a, b, a, b):
+        d.shards.refresh()
+    got_a, got_b = a.claim(), b.claim()
+    shard_of = dict(Job.objects.values_list("id", "shard"))
+    assert {shard_of[c.job_id] for c in got_a} <= a.shards.owned
+    assert {shard_of[c.job_id] for c in got_b} <= b.shards.owned
+    assert len(got_a) + len(got_b) == len(jobs)
+
+
+def test_forged_overlapping_leases_still_claim_each_job_once():
+    for _ in range(300):
+        cron_at_scale.schedule(noop)
+    a, b = Dispatcher(name="a", batch_size=7), Dispatcher(name="b", batch_size=7)
+    everything = set(range(NUM_SHARDS))
+    a.shards.owned = b.shards.owned = everything  # both believe they own every shard
+    a._next_shards = b._next_shards = 1e18  # and never look at the lease table
+    seen = []
+    while batch := a.claim() + b.claim():
+        seen += [c.job_id for c in batch]
+    assert len(seen) == len(set(seen)) == 300
+
+
+@pytest.mark.django_db(transaction=True)  # NOTIFY is delivered at commit
+def test_a_job_due_now_wakes_the_dispatcher_at_once():
+    d = Dispatcher(name="w")
+    wakeup = Wakeup()
+    assert wakeup.wait(0.05) is False  # LISTEN is set up; nothing yet
+    cron_at_scale.schedule_many([{"task": noop} for _ in range(500)])  # one notification, not 500
+    started = time.monotonic()
+    assert wakeup.wait(5.0) is True
+    assert time.monotonic() - started < 1.0
+    assert wakeup.wait(0.2) is False  # the bulk insert sent one, not 500
+    cron_at_scale.schedule(noop, countdown=3600)  # a future job wakes nobody
+    assert wakeup.wait(0.3) is False
+    wakeup.close()
+    d.wakeup.close()
+
+
+def test_look_ahead_claims_early_and_publishes_at_fire_at(monkeypatch):
+    published = []
+    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish",
+                        lambda self, runs: published.extend((time.monotonic(), r) for r in runs) or len(runs))
+    job = cron_at_scale.schedule(noop, countdown=0.5)
+    d = Dispatcher(name="la", lookahead=1.0)
+    assert d.tick() == 1  # claimed half a second early ...
+    assert published == []  # ... but not sent yet
+    deadline = time.monotonic() + 2
+    while not published and time.monotonic() < deadline:
+        d.fire_timers()
+        time.sleep(0.005)
+    (sent_at, run), = published
+    (fire_at, db_now), = sql("SELECT fire_at, statement_timestamp() FROM cron_at_scale_job WHERE id = %s", [job.id])
+    assert run.job_id == job.id
+    # sent at its fire_at on the database clock: not early, and within a few ms
+    lateness = (db_now - fire_at).total_seconds() - (time.monotonic() - sent_at)
+    assert 0 <= lateness < 0.05, lateness
