@@ -17,7 +17,7 @@ DEFAULTS: dict[str, Any] = {
     # Stop claiming while the broker holds more messages than this (overload waits in the database).
     "MAX_BROKER_DEPTH": 200_000,
     # Shard lease time; renewed every quarter of it. A dead dispatcher's shards move after this.
-    "SHARD_LEASE": 10.0,
+    "SHARD_LEASE": 5.0,
     # Lease of a claimed attempt until a worker starts it (lost message => re-fire after this).
     "DISPATCH_LEASE": 30.0,
     # Lease of a running attempt; the worker's heartbeat renews it.
@@ -37,6 +37,9 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_ALL_EXCEPTIONS": False,
     # Dead-letter queue: where failed jobs are announced.
     "DLQ_QUEUE": "cron_at_scale.dlq",
+    # Seconds after which completed and cancelled jobs (and their attempts) are
+    # deleted by the dispatchers, in small batches; None keeps them (cron_purge by hand).
+    "RETENTION": None,
     # Celery app path ("module:attr"); None => celery.current_app.
     "CELERY_APP": None,
 }

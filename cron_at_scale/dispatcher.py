@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from django.db import InterfaceError, OperationalError, transaction
 
-from . import conf, db, dlq, failpoints
+from . import conf, db, dlq, failpoints, retention
 from .app import get_app
 from .publish import Claimed, Publisher
 from .recurrence import Recurrence, plan
@@ -227,6 +227,8 @@ class Dispatcher:
         self.fire_timers()
         n = 0 if self.broker_full() else self.tick()
         self.fire_timers()
+        if n < self.batch_size:  # idle time only: retention never holds up a busy loop
+            retention.maybe_purge()
         return n
 
     def run(self, max_seconds: float | None = None) -> None:
