@@ -1,17 +1,113 @@
-"""System checks (``manage.py check``): settings that would break cron_at_scale's promises."""
+"""System checks (``manage.py check``): what would break cron_at_scale's promises.
+
+Errors: ``E001`` a bad ``CRON_AT_SCALE`` setting; ``E002`` the jobs'
+database is not PostgreSQL (the claim needs ``FOR UPDATE SKIP LOCKED``,
+``jsonb``, ``LISTEN/NOTIFY``); ``E003`` the Celery app's task class is not
+``JobTask`` (scheduled runs would not be logged, deduplicated or completed);
+``E004`` pickle is accepted by Celery (a message from the broker could run
+code). Warnings: ``W001`` a broker visibility timeout shorter than the run
+lease; ``W002`` Django reconnecting to PostgreSQL on every task; ``W003`` a
+run lease not longer than two heartbeats.
+"""
 
 from __future__ import annotations
 
-from django.core.checks import Error, register
+from django.core.checks import Error, Warning, register
 
 from . import conf
+
+HINT_SETTINGS = "See the README's Settings table (cron_at_scale/conf.py has every default and unit)."
 
 
 @register()
 def check_settings(app_configs=None, **kwargs):
     """cron_at_scale.E001: a bad ``CRON_AT_SCALE`` setting (unknown key, wrong type, not > 0)."""
-    return [
-        Error(message, hint="See cron_at_scale/conf.py for every setting, its default and unit.",
-              id="cron_at_scale.E001")
-        for message in conf.problems()
-    ]
+    return [Error(message, hint=HINT_SETTINGS, id="cron_at_scale.E001") for message in conf.problems()]
+
+
+@register("database")
+def check_database(app_configs=None, databases=None, **kwargs):
+    from django.db import connections
+
+    engine = connections["default"].vendor
+    if engine != "postgresql":
+        return [Error(
+            f"cron_at_scale needs PostgreSQL 13+; the default database is {engine}.",
+            hint="Its claim uses FOR UPDATE SKIP LOCKED, jsonb and LISTEN/NOTIFY. Point DATABASES['default'] "
+                 "(or DATABASE_URL) at PostgreSQL; for a laptop, pip install 'cron-at-scale[embedded]'.",
+            id="cron_at_scale.E002")]
+    return []
+
+
+def pickle_problems(app) -> list[str]:
+    """Celery settings of ``app`` that admit pickle (empty when none)."""
+    out = []
+    for name in ("task_serializer", "result_serializer", "event_serializer"):
+        if str(app.conf.get(name) or "").lower() == "pickle":
+            out.append(f"{name} is 'pickle'")
+    for name in ("accept_content", "result_accept_content"):
+        accepted = app.conf.get(name) or []
+        if any("pickle" in str(c).lower() for c in accepted):
+            out.append(f"{name} admits pickle ({list(accepted)})")
+    return out
+
+
+def refuse_pickle(app) -> None:
+    """Raise ``ImproperlyConfigured`` if ``app`` would accept pickled messages (workers and dispatchers
+    call this at start: scheduled messages are JSON only)."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    found = pickle_problems(app)
+    if found:
+        raise ImproperlyConfigured("cron_at_scale refuses to run with pickle: " + "; ".join(found)
+                                   + ". Set CELERY_TASK_SERIALIZER = 'json' and CELERY_ACCEPT_CONTENT = ['json'].")
+
+
+@register()
+def check_celery(app_configs=None, **kwargs):
+    from .app import get_app
+    from .worker import JobTask
+
+    app = get_app()
+    errors = []
+    task_cls = app.Task if isinstance(app.Task, type) else type(app.Task)
+    if not issubclass(task_cls, JobTask):
+        errors.append(Error(
+            f"The Celery app {app.main!r} does not use cron_at_scale's task class ({task_cls.__module__}."
+            f"{task_cls.__qualname__}).",
+            hint='Create it as Celery("proj", task_cls="cron_at_scale.worker:JobTask") so that scheduled runs '
+                 "are logged, deduplicated and completed.",
+            id="cron_at_scale.E003"))
+    for problem in pickle_problems(app):
+        errors.append(Error(f"Celery {problem}.", hint="Scheduled messages are JSON only: set "
+                            "CELERY_TASK_SERIALIZER = 'json' and CELERY_ACCEPT_CONTENT = ['json'].",
+                            id="cron_at_scale.E004"))
+    visibility = (app.conf.get("broker_transport_options") or {}).get("visibility_timeout")
+    if visibility is not None and float(visibility) < float(conf.get("RUN_LEASE")):
+        errors.append(Warning(
+            f"The broker's visibility_timeout ({visibility}s) is shorter than RUN_LEASE "
+            f"({conf.get('RUN_LEASE')}s).",
+            hint="An acks_late task's message would be redelivered while it still runs; the attempt log skips "
+                 "the copy, but raise visibility_timeout above RUN_LEASE.", id="cron_at_scale.W001"))
+    return errors
+
+
+@register()
+def check_connections(app_configs=None, **kwargs):
+    from django.conf import settings
+
+    warnings = []
+    default = settings.DATABASES.get("default", {})
+    if not default.get("CONN_MAX_AGE") and not getattr(settings, "CELERY_DB_REUSE_MAX", None):
+        warnings.append(Warning(
+            "Celery workers will open a new PostgreSQL connection for every task (CONN_MAX_AGE = 0 and "
+            "CELERY_DB_REUSE_MAX unset).",
+            hint="Set DATABASES['default']['CONN_MAX_AGE'] (e.g. 600) and CELERY_DB_REUSE_MAX (e.g. 1000).",
+            id="cron_at_scale.W002"))
+    if not conf.problems() and float(conf.get("RUN_LEASE")) <= 2 * float(conf.get("HEARTBEAT_INTERVAL")):
+        warnings.append(Warning(
+            f"RUN_LEASE ({conf.get('RUN_LEASE')}s) is not longer than two heartbeats "
+            f"(HEARTBEAT_INTERVAL {conf.get('HEARTBEAT_INTERVAL')}s).",
+            hint="One late heartbeat would let the lease expire and the job run again; keep RUN_LEASE >= 3 x "
+                 "HEARTBEAT_INTERVAL.", id="cron_at_scale.W003"))
+    return warnings

@@ -22,6 +22,7 @@ from django.db import InterfaceError, OperationalError, transaction
 
 from . import conf, db, dlq, failpoints, retention
 from .app import get_app
+from .checks import refuse_pickle
 from .publish import Claimed, Publisher
 from .recurrence import Recurrence, plan
 from .shards import AllShards, ShardLeases
@@ -54,6 +55,7 @@ class Dispatcher:
         self.max_lost = int(conf.get("MAX_LOST_ATTEMPTS"))
         self.max_broker_depth = int(conf.get("MAX_BROKER_DEPTH"))
         self.app = app or get_app()
+        refuse_pickle(self.app)
         self.publisher = Publisher(self.app)
         ttl = float(conf.get("SHARD_LEASE"))
         self.shards = AllShards() if shards == "all" else ShardLeases(self.name, ttl)

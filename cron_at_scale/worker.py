@@ -35,6 +35,7 @@ from uuid import UUID
 
 from celery import Task
 from celery.exceptions import Ignore
+from celery.signals import worker_init
 from django.db import connections
 
 from . import conf, db, retry
@@ -145,6 +146,16 @@ class Heartbeat:
 
 
 heartbeat = Heartbeat()
+
+
+@worker_init.connect
+def _refuse_pickle(sender=None, **kwargs):
+    """A worker of an app set up with JobTask refuses to start if it would accept pickle."""
+    from .checks import refuse_pickle
+
+    app = getattr(sender, "app", None)
+    if app is not None and isinstance(app.Task, type) and issubclass(app.Task, JobTask):
+        refuse_pickle(app)
 
 
 class JobTask(Task):

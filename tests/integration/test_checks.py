@@ -1,0 +1,75 @@
+"""System checks and refusals at start (issue 7)."""
+
+from __future__ import annotations
+
+import pytest
+from celery import Celery
+from django.core.checks import run_checks
+from django.core.exceptions import ImproperlyConfigured
+
+from cron_at_scale.app import get_app
+
+plain_app = Celery("plain", set_as_current=False)  # a Celery app without cron_at_scale's task class
+
+
+def ids(**kw):
+    return {e.id for e in run_checks(include_deployment_checks=False, databases=["default"], **kw)
+            if e.id.startswith("cron_at_scale")}
+
+
+pytestmark = pytest.mark.django_db
+
+
+def test_the_example_project_passes_every_check():
+    assert ids() == set()
+
+
+def test_a_database_that_is_not_postgresql_is_an_error(monkeypatch):
+    from django.db import connections
+
+    monkeypatch.setattr(connections["default"], "vendor", "sqlite")
+    assert "cron_at_scale.E002" in ids()
+
+
+def test_an_app_without_jobtask_is_an_error(settings):
+    settings.CRON_AT_SCALE = {"CELERY_APP": "test_checks:plain_app"}
+    from cron_at_scale.app import _configured_app
+
+    _configured_app.cache_clear()
+    try:
+        assert "cron_at_scale.E003" in ids()
+    finally:
+        _configured_app.cache_clear()
+
+
+@pytest.mark.parametrize(("key", "value"), [("accept_content", ["json", "pickle"]), ("task_serializer", "pickle")])
+def test_pickle_is_an_error_and_refused_at_start(key, value):
+    from cron_at_scale.checks import refuse_pickle
+    from cron_at_scale.dispatcher import Dispatcher
+
+    app = get_app()
+    old = app.conf[key]
+    app.conf[key] = value
+    try:
+        assert "cron_at_scale.E004" in ids()
+        with pytest.raises(ImproperlyConfigured, match="pickle"):
+            refuse_pickle(app)
+        with pytest.raises(ImproperlyConfigured, match="pickle"):
+            Dispatcher()
+    finally:
+        app.conf[key] = old
+
+
+def test_settings_that_break_promises_are_warnings(settings):
+    settings.DATABASES = {**settings.DATABASES, "default": {**settings.DATABASES["default"], "CONN_MAX_AGE": 0}}
+    settings.CELERY_DB_REUSE_MAX = None
+    settings.CRON_AT_SCALE = {"RUN_LEASE": 30, "HEARTBEAT_INTERVAL": 20}
+    found = ids()
+    assert {"cron_at_scale.W002", "cron_at_scale.W003"} <= found
+    app = get_app()
+    old = app.conf.broker_transport_options
+    app.conf.broker_transport_options = {"visibility_timeout": 10}
+    try:
+        assert "cron_at_scale.W001" in ids()
+    finally:
+        app.conf.broker_transport_options = old
