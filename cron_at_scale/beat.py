@@ -45,7 +45,6 @@ import json
 import logging
 import signal
 import threading
-import time
 from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field

@@ -8,12 +8,12 @@ uses the database's ``now()``.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import signal
 import socket
 import threading
-import heapq
 import time
 from dataclasses import replace
 from datetime import timedelta

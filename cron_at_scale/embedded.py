@@ -65,9 +65,10 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 __all__ = [
@@ -645,7 +646,7 @@ def _redis_command(socket_path: Path, *args: str, timeout: float = 2.0) -> bytes
         while True:
             try:
                 chunk = sock.recv(4096)
-            except (ConnectionResetError, socket.timeout):
+            except (TimeoutError, ConnectionResetError):
                 break
             if not chunk:
                 break

@@ -28,10 +28,9 @@ def broker(celery_app):
 @pytest.fixture
 def system(transactional_db, broker, tmp_path):
     """Start real worker / dispatcher processes against the test database; stop them at the end."""
+    from demo.runner import Processes, child_env, database_url
     from django.conf import settings
     from django.db import connection
-
-    from demo.runner import Processes, child_env, database_url
 
     env = child_env(database_url(connection.settings_dict), settings.CELERY_BROKER_URL)
     procs = Processes(env, log_dir=tmp_path / "logs")

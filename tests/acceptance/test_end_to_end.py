@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import pytest
+from demo.models import Execution
+from demo.runner import wait_for_workers
 from helpers import sql, wait_until
 
 import cron_at_scale
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
 from cron_at_scale.publish import publish_batch
-from demo.models import Execution
-from demo.runner import wait_for_workers
 
 pytestmark = pytest.mark.acceptance
 

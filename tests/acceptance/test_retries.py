@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from demo.models import Execution
+from demo.runner import wait_for_workers
 from helpers import wait_until
 
 import cron_at_scale
 from cron_at_scale.models import Job, JobAttempt
-from demo.models import Execution
-from demo.runner import wait_for_workers
 
 pytestmark = pytest.mark.acceptance
 

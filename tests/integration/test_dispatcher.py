@@ -5,13 +5,13 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from demo.tasks import noop
 from helpers import sql
 
 import cron_at_scale
 from cron_at_scale.cron import next_fire_times
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
-from demo.tasks import noop
 
 pytestmark = pytest.mark.django_db
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from demo.tasks import noop
 from helpers import sql
 
 import cron_at_scale
 from cron_at_scale import ValidationError
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
-from demo.tasks import noop
 
 pytestmark = pytest.mark.django_db
 

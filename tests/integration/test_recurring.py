@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from demo.tasks import noop
 from helpers import sql
 
 import cron_at_scale
@@ -12,7 +13,6 @@ from cron_at_scale import ValidationError
 from cron_at_scale.db import run as run_query
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
-from demo.tasks import noop
 
 pytestmark = pytest.mark.django_db
 

@@ -6,13 +6,13 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
+from demo.tasks import noop, record
 from django.db import transaction
 from helpers import sql
 
 import cron_at_scale
 from cron_at_scale import ValidationError
 from cron_at_scale.models import Job
-from demo.tasks import noop, record
 
 pytestmark = pytest.mark.django_db
 

@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 
 import pytest
+from demo.tasks import noop
 from helpers import sql
 
 import cron_at_scale
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import NUM_SHARDS, Job, ShardLease
 from cron_at_scale.wakeup import Wakeup
-from demo.tasks import noop
 
 pytestmark = pytest.mark.django_db
 

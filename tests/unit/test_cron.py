@@ -7,7 +7,7 @@ import json
 import re
 import time
 from datetime import datetime, timedelta, timezone
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from zoneinfo import ZoneInfo
 
@@ -449,7 +449,7 @@ def test_hot_path_is_fast():
 # ------------------------------------------------------------ brute-force oracle
 
 
-@lru_cache(maxsize=None)
+@cache
 def _zone(tz: str) -> ZoneInfo:
     return ZoneInfo(tz)
 
