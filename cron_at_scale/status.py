@@ -225,10 +225,12 @@ def snapshot(window: float = DEFAULT_WINDOW) -> Status:
         later, hit = bounded_count(cur, "status = 'pending' AND fire_at > %s::timestamptz + interval '1 day'",
                                    [db_now])
         estimated: list[str] = []
-        if hit:  # many future jobs: the planner's figure, rather than counting millions of index entries
-            later = max(later, planner_estimate(
-                cur, "SELECT 1 FROM cron_at_scale_job WHERE status = 'pending' AND fire_at > %s::timestamptz "
-                     "+ interval '1 day'", [db_now]))
+        if hit:  # many future jobs: the planner's figure, rather than counting millions of index entries.
+            # Pending rows (status statistics are per value, hence close) minus the buckets counted;
+            # not an estimate of "pending AND fire_at > …", which the planner gets wrong by treating
+            # the two columns as independent (every pending job is in the future, most others past).
+            total = planner_estimate(cur, "SELECT 1 FROM cron_at_scale_job WHERE status = 'pending'")
+            later = max(later, total - sum(pending.values()))
             estimated.append("pending.later")
         pending["later"] = later
         (oldest,) = _one(cur, "SELECT min(fire_at) FROM cron_at_scale_job WHERE status = 'pending'")
