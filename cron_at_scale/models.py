@@ -169,6 +169,7 @@ class JobAttempt(models.Model):
     outcome = models.CharField(max_length=12, choices=Outcome.choices, db_default=Outcome.DISPATCHED)
     error = models.TextField(blank=True, db_default="")
     traceback = models.TextField(blank=True, db_default="")
+    result = models.JSONField(null=True, blank=True, help_text="The task's return value, where kept (Django Tasks).")
 
     class Meta:
         constraints = [

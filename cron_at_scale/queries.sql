@@ -288,3 +288,8 @@ DELETE FROM cron_at_scale_dispatcherheartbeat WHERE name = %(name)s;
 INSERT INTO cron_at_scale_shardlease (shard, owner, expires_at)
 SELECT s, '', statement_timestamp() FROM generate_series(0, %(n)s - 1) AS s
 ON CONFLICT (shard) DO NOTHING;
+
+-- name: keep_result
+-- A task's JSON return value, kept on its attempt (Django Tasks results).
+UPDATE cron_at_scale_jobattempt SET result = %(result)s::jsonb
+WHERE job_id = %(job_id)s AND attempt = %(attempt)s;

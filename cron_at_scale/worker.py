@@ -229,7 +229,7 @@ def _record_failure(task: JobTask, ctx: JobContext, exc: Exception) -> bool:
         countdown, cause = exc.countdown, (exc.exc or exc)
         if exc.max_retries is not None:
             max_retries = exc.max_retries
-    error = f"{type(cause).__name__}: {cause}"[:2000]
+    error = f"{type(cause).__module__}.{type(cause).__qualname__}: {cause}"[:2000]
     trace = "".join(tb.format_exception(cause))[-20000:]
     params = {"job_id": str(ctx.job_id), "attempt": ctx.attempt, "error": error, "traceback": trace}
     retryable = isinstance(exc, _ScheduledRetry)
@@ -262,8 +262,10 @@ def _json(value) -> dict:
 def _drop_broken_connections() -> None:
     # Django does this at the end of each request; a worker has no requests.
     # No query unless an error occurred or CONN_MAX_AGE passed.
+    # Never inside a transaction (an eager run in a test, a task called from a view).
     for conn in connections.all(initialized_only=True):
-        conn.close_if_unusable_or_obsolete()
+        if not conn.in_atomic_block:
+            conn.close_if_unusable_or_obsolete()
 
 
 def _as_retryable(cause: BaseException) -> BaseException:

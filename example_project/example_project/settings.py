@@ -78,6 +78,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # and health checks still apply (cron_at_scale checks connections after each run).
 CELERY_DB_REUSE_MAX = 1000
 
+# Django's Tasks framework (Django 6, or the django-tasks backport): @task functions run as jobs.
+TASKS = {"default": {"BACKEND": "cron_at_scale.django_tasks.CronAtScaleBackend"}}
+
 # cron_at_scale: one dict; see cron_at_scale/conf.py for every key and default.
 # CRON_AT_SCALE_SETTINGS (JSON) overrides keys, e.g. short leases in the fault suite.
 CRON_AT_SCALE = json.loads(os.environ.get("CRON_AT_SCALE_SETTINGS") or "{}")
