@@ -20,7 +20,7 @@ from datetime import timedelta
 
 from django.db import InterfaceError, OperationalError, transaction
 
-from . import conf, db, dlq, failpoints, retention
+from . import conf, db, dlq, failpoints, metrics, retention
 from .app import get_app
 from .checks import refuse_pickle
 from .publish import Claimed, Publisher
@@ -84,9 +84,11 @@ class Dispatcher:
         if self._next_shards == 0.0:  # claim() called on its own (tools, tests): take shards first
             self._next_shards = time.monotonic() + self.shard_refresh
             self.shards.refresh()
+        t0 = time.monotonic()
         with transaction.atomic():
             rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease,
                                     "lookahead": self.lookahead, **self.shards.claim_params()}, retries=0)
+            metrics.observe_claim(len(rows), time.monotonic() - t0)
             if rows:
                 self._clock = (rows[0][17].timestamp(), time.monotonic())
             runs = [Claimed.from_row(r) for r in rows if r[3] == "once"]
@@ -162,8 +164,11 @@ class Dispatcher:
     def _publish(self, runs: list[Claimed]) -> None:
         if not runs:
             return
+        t0 = time.monotonic()
         try:
-            self.published_total += self.publisher.publish(runs)
+            n = self.publisher.publish(runs)
+            self.published_total += n
+            metrics.observe_published(n, time.monotonic() - t0)
         except Exception:
             # Claimed but not sent: their leases expire and the reaper fires them again.
             log.exception("publishing %d claimed jobs failed; the reaper will re-fire them", len(runs))
@@ -194,6 +199,7 @@ class Dispatcher:
             lost = db.run("reap", {"limit": self.batch_size}, retries=0)
             if not lost:
                 return 0
+            metrics.observe_reaped(len(lost))
             failed = db.run("reap_once", {"job_ids": [r[0] for r in lost], "attempts": [r[1] for r in lost],
                                           "started": [r[3] for r in lost], "max_lost": self.max_lost}, retries=0)
             once = {r[0] for r in failed}
@@ -210,6 +216,7 @@ class Dispatcher:
         for job_id, status, attempt, task in failed:
             if status == "failed":
                 dlq.announce(self.app, job_id, attempt, task, f"lost {self.max_lost} attempts (lease expired each time)")
+                metrics.observe_dead_lettered()
         return len(lost)
 
     # -- the loop -------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from celery.exceptions import Ignore
 from celery.signals import worker_init
 from django.db import connections
 
-from . import conf, db, retry
+from . import conf, db, metrics, retry
 from .publish import HEADER
 
 log = logging.getLogger(__name__)
@@ -193,7 +193,8 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
     if row is None:
         log.info("skipping job %s attempt %d: already started or superseded", job_id, attempt)
         raise Ignore()
-    outcome, scheduled_at, schedule_type, cancel_requested, retries, max_retries, options = row
+    outcome, scheduled_at, schedule_type, cancel_requested, retries, max_retries, options, started_at = row
+    metrics.observe_start((started_at - scheduled_at).total_seconds())  # database clock on both ends
     if outcome == "cancelled":
         log.info("skipping job %s attempt %d: cancelled", job_id, attempt)
         raise Ignore()
@@ -217,6 +218,7 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
         _drop_broken_connections()
     db.run("finish_attempt", {"job_id": job_id, "attempt": attempt, "outcome": "succeeded",
                               "status": "completed", "error": "", "traceback": ""}, fetch="count")
+    metrics.observe_outcome("succeeded")
     return result
 
 
@@ -238,12 +240,15 @@ def _record_failure(task: JobTask, ctx: JobContext, exc: Exception) -> bool:
     if ctx.schedule_type == "once" and decision.retry:
         db.run("retry_attempt", {**params, "delay": decision.delay}, fetch="count")
         log.info("job %s attempt %d failed (%s); retry in %.1fs", ctx.job_id, ctx.attempt, error, decision.delay)
+        metrics.observe_outcome("retried")
         return True
     db.run("finish_attempt", {**params, "outcome": "failed", "status": "failed"}, fetch="count")
+    metrics.observe_outcome("failed")
     if ctx.schedule_type == "once":
         from .dlq import announce
 
         announce(task.app, ctx.job_id, ctx.attempt, task.name, error)
+        metrics.observe_dead_lettered()
     return False
 
 

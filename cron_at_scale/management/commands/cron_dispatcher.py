@@ -43,6 +43,8 @@ class Command(BaseCommand):
                             help="auto: share the 64 shards with the other dispatchers through leases "
                                  "(default); all: claim from every shard, taking no lease")
         parser.add_argument("--max-seconds", type=_positive(float), help="exit after this many seconds (for tests)")
+        parser.add_argument("--metrics-port", type=_positive(int),
+                            help="serve Prometheus metrics on this port (http://host:PORT/metrics)")
 
     def handle(self, *args, **opts):
         level = logging.INFO if opts["verbosity"] >= 2 else logging.WARNING
@@ -52,6 +54,10 @@ class Command(BaseCommand):
                                     poll_interval=opts["poll_interval"], lease=opts["lease"], shards=opts["shards"])
         except Exception as e:  # a broken configuration, said plainly
             raise CommandError(f"cannot start the dispatcher: {e}") from e
+        if opts["metrics_port"]:
+            from cron_at_scale import metrics
+
+            metrics.serve(opts["metrics_port"])
         dispatcher.install_signal_handlers()
         if opts["verbosity"] >= 1:
             self.stdout.write(f"dispatcher {dispatcher.name} running (Ctrl-C to stop)")
