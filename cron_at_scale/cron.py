@@ -251,6 +251,7 @@ def _parse_cached(expr: str) -> CronExpr:
             )
         text = expanded
     parts = _FIELD_SEP.split(text)
+    specs: tuple[tuple, ...]
     if len(parts) == 5:
         specs, has_seconds = _FIELDS5, False
     elif len(parts) == 6:
@@ -433,8 +434,8 @@ def _images(t: datetime, z: ZoneInfo, wildcard: bool) -> tuple[datetime, tuple[d
     non-decreasing in t and no fire instant of t or of a later wall time is
     below it.
     """
-    off0 = t.replace(tzinfo=z).utcoffset()
-    off1 = t.replace(tzinfo=z, fold=1).utcoffset()
+    off0 = _offset(t.replace(tzinfo=z))
+    off1 = _offset(t.replace(tzinfo=z, fold=1))
     if off0 == off1:
         u = t - off0
         return u, (u,)
@@ -446,6 +447,13 @@ def _images(t: datetime, z: ZoneInfo, wildcard: bool) -> tuple[datetime, tuple[d
         return t - off1, ()
     jump = _gap_jump(t, z, off0, off1)
     return jump, (jump,)
+
+
+def _offset(aware: datetime) -> timedelta:
+    """UTC offset of an aware datetime in a ZoneInfo zone (never None there)."""
+    off = aware.utcoffset()
+    assert off is not None
+    return off
 
 
 def _after_utc(after: datetime, name: str = "after") -> datetime:
@@ -464,9 +472,9 @@ def _start_local(after_utc: datetime, z: ZoneInfo) -> datetime:
     """
     a = after_utc.replace(tzinfo=_UTC)
     off = min(
-        a.astimezone(z).utcoffset(),
-        (a + timedelta(hours=3)).astimezone(z).utcoffset(),
-        (a + timedelta(days=1)).astimezone(z).utcoffset(),
+        _offset(a.astimezone(z)),
+        _offset((a + timedelta(hours=3)).astimezone(z)),
+        _offset((a + timedelta(days=1)).astimezone(z)),
     )
     return (after_utc + off).replace(microsecond=0)
 

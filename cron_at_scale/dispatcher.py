@@ -98,8 +98,8 @@ class Dispatcher:
         return runs
 
     def _advance(self, rows) -> list[Claimed]:
-        moved = {k: [] for k in ("ids", "fire_ats", "occurrences", "n_attempts", "missed", "skipped", "buffers")}
-        logged = {k: [] for k in ("a_job_ids", "a_attempts", "a_scheduled", "a_outcomes")}
+        moved: dict[str, list] = {k: [] for k in ("ids", "fire_ats", "occurrences", "n_attempts", "missed", "skipped", "buffers")}
+        logged: dict[str, list] = {k: [] for k in ("a_job_ids", "a_attempts", "a_scheduled", "a_outcomes")}
         runs: list[Claimed] = []
         for row in rows:
             base = Claimed.from_row(row)
@@ -138,6 +138,7 @@ class Dispatcher:
         if batch:
             failpoints.hit("dispatcher.after_claim")
             self.claimed_total += len(batch)
+            assert self._clock is not None  # set by the claim that returned rows
             db_time, mono = self._clock
             due: list[Claimed] = []
             for run in batch:

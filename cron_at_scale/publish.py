@@ -72,7 +72,7 @@ class Claimed:
             payload = json.loads(payload)
         if isinstance(options, str):
             options = json.loads(options)
-        return cls(*row[:7], payload, row[8], options)
+        return cls(row[0], row[1], row[2], row[3], row[4], row[5], row[6], payload, row[8], options)
 
 
 def header(c: Claimed) -> dict:

@@ -52,6 +52,7 @@ class Recurrence:
     def after(self, t: datetime, n: int) -> list[datetime]:
         """The next ``n`` occurrences strictly after ``t`` (aware UTC)."""
         if self.schedule_type == "interval":
+            assert self.interval is not None
             step = timedelta(seconds=self.interval)
             return [t + step * (i + 1) for i in range(n)]
         return cron.next_fire_times(self.cron_expr, self.timezone, t, n)
@@ -70,6 +71,7 @@ class Recurrence:
         """(occurrence, fire_at) of a new job: the first occurrence after ``now``; an interval
         job's first occurrence is ``start`` if given, else ``now`` plus one interval."""
         if self.schedule_type == "interval":
+            assert self.interval is not None
             occurrence = start if start is not None else now + timedelta(seconds=self.interval)
         else:
             occurrence = self.after(now, 1)[0]
