@@ -305,12 +305,13 @@ def test_clock_skew_of_one_hour(env):
     s.wait_workers(["wa", "wb"])
     t0 = time.monotonic()
     schedule_once(env.db, burst(1500, 8, start=1.0))
-    # Two cron jobs, every second, overlap 'allow' (every occurrence fires: this is about clocks, not overlap).
+    # Two cron jobs, every second, overlap 'allow' and catch-up 'all' (every occurrence fires: this is about
+    # clocks, not overlap or catch-up).
     cron_ids = [r[0] for r in env.db.q("""
         INSERT INTO cron_at_scale_job (id, schedule_type, fire_at, cron_expr, timezone, task, payload, options, status,
-                                       overlap)
+                                       overlap, catchup)
         SELECT gen_random_uuid(), 'cron', date_trunc('second', statement_timestamp()) + interval '2 s',
-               '* * * * * *', 'UTC', 'demo.tasks.record', '{"args": [], "kwargs": {}}', '{}', 'pending', 'allow'
+               '* * * * * *', 'UTC', 'demo.tasks.record', '{"args": [], "kwargs": {}}', '{}', 'pending', 'allow', 'all'
         FROM generate_series(1, 2) RETURNING id::text""")]
     # Producers with skewed clocks: countdown counts on the database clock.
     produced = []
