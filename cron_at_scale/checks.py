@@ -68,7 +68,13 @@ def check_celery(app_configs=None, **kwargs):
     from .app import get_app
     from .worker import JobTask
 
-    app = get_app()
+    if conf.problems():
+        return []  # E001 already names the bad setting; the app may not even be loadable
+    try:
+        app = get_app()
+    except Exception as e:  # noqa: BLE001 (a check reports, it does not crash manage.py)
+        return [Error(f"cannot load the Celery app: {e}", hint="Check CRON_AT_SCALE['CELERY_APP'].",
+                      id="cron_at_scale.E003")]
     errors = []
     task_cls = app.Task if isinstance(app.Task, type) else type(app.Task)
     if not issubclass(task_cls, JobTask):

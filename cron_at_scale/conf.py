@@ -71,6 +71,13 @@ def problems() -> list[str]:
     for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS"):
         if not isinstance(user.get(key, DEFAULTS[key]), bool):
             out.append(f"CRON_AT_SCALE[{key!r}] must be True or False, got {user[key]!r}")
+    retention = user.get("RETENTION")
+    if retention is not None and (isinstance(retention, bool) or not isinstance(retention, (int, float))
+                                  or retention < 0):
+        out.append(f"CRON_AT_SCALE['RETENTION'] must be seconds >= 0 or None, got {retention!r}")
+    app_path = user.get("CELERY_APP")
+    if app_path is not None and (not isinstance(app_path, str) or ":" not in app_path):
+        out.append(f"CRON_AT_SCALE['CELERY_APP'] must be 'module:attribute' or None, got {app_path!r}")
     for key in ("DLQ_QUEUE",):
         if not isinstance(user.get(key, DEFAULTS[key]), str) or not user.get(key, DEFAULTS[key]):
             out.append(f"CRON_AT_SCALE[{key!r}] must be a non-empty string, got {user[key]!r}")

@@ -5,7 +5,8 @@ backport on 5.2): ``@task`` functions go through the job store and run on Celery
 
 ``task.enqueue(...)`` schedules a job of the Celery task
 ``cron_at_scale.run_django_task``; ``run_after`` becomes the job's ``at``;
-``priority`` (-100..100) maps onto Celery's 0..9; ``queue_name`` is the
+``priority`` (-100..100, higher first) maps onto Celery's 0..9 in the
+broker's own order (Redis serves 0 first, RabbitMQ 9); ``queue_name`` is the
 Celery queue (``"default"`` meaning Celery's default). The result id is the
 job id; ``get_result()`` reads the job and its attempts: pending -> READY,
 started -> RUNNING, completed -> SUCCESSFUL (with the return value),
@@ -35,9 +36,18 @@ from . import db
 TASK_MIN_PRIORITY, TASK_MAX_PRIORITY = -100, 100
 
 
-def celery_priority(priority: int) -> int:
-    """Django's -100..100 (higher runs first) onto Celery/Redis 0..9 (higher runs first)."""
-    return round((priority - TASK_MIN_PRIORITY) * 9 / (TASK_MAX_PRIORITY - TASK_MIN_PRIORITY))
+def celery_priority(priority: int, lower_first: bool) -> int:
+    """Django's -100..100 (higher runs first) onto Celery's 0..9. ``lower_first``: the broker serves
+    lower numbers first (kombu's Redis transport does; RabbitMQ serves higher first)."""
+    step = round((priority - TASK_MIN_PRIORITY) * 9 / (TASK_MAX_PRIORITY - TASK_MIN_PRIORITY))
+    return 9 - step if lower_first else step
+
+
+def _broker_serves_low_first() -> bool:
+    from .app import get_app
+
+    with get_app().connection_for_write() as conn:
+        return conn.transport.driver_type == "redis"
 
 
 class CronAtScaleBackend(BaseTaskBackend):
@@ -62,7 +72,7 @@ class CronAtScaleBackend(BaseTaskBackend):
             args=[task.module_path, list(args), dict(kwargs)],
             at=task.run_after,
             queue=None if task.queue_name == DEFAULT_TASK_QUEUE_NAME else task.queue_name,
-            priority=celery_priority(task.priority),
+            priority=celery_priority(task.priority, _broker_serves_low_first()),
             max_retries=0,
         )
         return self._result(task, job, [])

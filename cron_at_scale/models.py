@@ -1,7 +1,8 @@
 """The job store: ``Job`` (what to run and when) and ``JobAttempt`` (the attempt log).
 
-The job's state machine is drawn in the README ("Job life"). Every time is a
-``timestamptz`` set from the database clock (``now()``), never a node's clock.
+The job's state machine is drawn in docs/state_machine.md. Every time the
+scheduler sets is a ``timestamptz`` from the database clock
+(``statement_timestamp()``), never a node's clock; ``at=`` is stored as given.
 """
 
 from __future__ import annotations

@@ -119,12 +119,16 @@ WHERE j.id = a.job_id AND (
 
 -- name: retry_attempt
 -- Close an attempt as retried and put its one-off job back to pending after
--- %(delay)s seconds of backoff (database clock), one retry used.
+-- %(delay)s seconds of backoff (database clock), one retry used. An attempt
+-- whose job was cancelled meanwhile ends 'cancelled' and the job stays so.
 WITH a AS (
-    UPDATE cron_at_scale_jobattempt
-    SET finished_at = statement_timestamp(), outcome = 'retried', error = %(error)s, traceback = %(traceback)s
-    WHERE job_id = %(job_id)s AND attempt = %(attempt)s AND finished_at IS NULL
-    RETURNING job_id
+    UPDATE cron_at_scale_jobattempt AS a
+    SET finished_at = statement_timestamp(),
+        outcome = CASE WHEN j.status = 'cancelled' THEN 'cancelled' ELSE 'retried' END,
+        error = %(error)s, traceback = %(traceback)s
+    FROM cron_at_scale_job AS j
+    WHERE a.job_id = %(job_id)s AND a.attempt = %(attempt)s AND a.finished_at IS NULL AND j.id = a.job_id
+    RETURNING a.job_id
 )
 UPDATE cron_at_scale_job AS j
 SET status = 'pending', fire_at = statement_timestamp() + make_interval(secs => %(delay)s),

@@ -281,8 +281,8 @@ def schedule(task: Any, **spec: Any) -> Job:
     default ``"UTC"``); none means now. ``args`` (list) and ``kwargs`` (dict)
     must be JSON. ``queue``: Celery queue (default: the task's routing).
     ``max_retries``: retries after the first attempt (Celery's meaning).
-    ``key``: idempotency key, unique among live (pending or in-progress)
-    jobs; scheduling the same key again returns the existing job.
+    ``key``: idempotency key, unique among live (pending, in-progress or
+    paused) jobs; scheduling the same key again returns the existing job.
     ``every``: seconds (or a timedelta) between occurrences of an interval
     job, counted from the previous scheduled one (first at ``at`` if given).
     Recurring jobs (``cron``/``every``) take ``catchup`` (``"latest"``,

@@ -183,6 +183,8 @@ def test_cancel_refuses_a_malformed_id():
     ({"POLL_INTERVAL": "fast"}, "POLL_INTERVAL"),
     ({"BATCH_SIZ": 10}, "BATCH_SIZ"),
     ({"RETRY_ALL_EXCEPTIONS": "yes"}, "RETRY_ALL_EXCEPTIONS"),
+    ({"RETENTION": "7d"}, "RETENTION"),
+    ({"CELERY_APP": 5}, "CELERY_APP"),
 ])
 def test_bad_settings_are_named_by_the_check_and_refused_by_the_dispatcher(settings, setting, key):
     from django.core.checks import run_checks
