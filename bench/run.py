@@ -26,7 +26,8 @@ overhead  two ``celery worker`` processes (prefork, 1 child each): ``--overhead`
 w1        the same workers + one ``cron_dispatcher`` process: ``--jobs`` jobs due
           at one instant (firing, completion, lag).
 w2        steady stream: ``--rates`` jobs/s (default 500 and 2000) for
-          ``--duration`` s, fire times spread evenly and scheduled beforehand;
+          ``--duration`` s (60; the other rates ``--duration-high``, 20 s),
+          fire times spread evenly and scheduled beforehand;
           start lag (attempt ``started_at - fire_at``) and dispatch lag
           (``dispatched_at - fire_at``: the claim's time, negative when the
           dispatcher claims ahead with its look-ahead and publishes from a
@@ -62,8 +63,8 @@ os.environ.setdefault("CRON_AT_SCALE_DATA_DIR", str(ROOT / ".demo-data"))
 WORKLOADS = ("ceiling", "w3", "overhead", "w1", "w2", "eta")
 SIZES = {
     "default": {"jobs": 20_000, "burst": 100_000, "general": 5_000, "overhead": 10_000, "rates": "500,2000",
-                "duration": 60.0, "eta_jobs": 20_000, "future": 1_000_000, "many": 200_000, "due": 10_000},
-    "small": {"jobs": 300, "burst": 1_000, "general": 100, "overhead": 300, "rates": "50", "duration": 3.0,
+                "duration": 60.0, "duration_high": 20.0, "eta_jobs": 20_000, "future": 1_000_000, "many": 200_000, "due": 10_000},
+    "small": {"jobs": 300, "burst": 1_000, "general": 100, "overhead": 300, "rates": "50", "duration": 3.0, "duration_high": 3.0,
               "eta_jobs": 300, "future": 20_000, "many": 2_000, "due": 300},
 }
 OVERHEAD_QUEUES = ("bench_plain", "bench_scheduled")  # one each: a BRPOP in flight at cancel_consumer takes no message of the other
@@ -85,7 +86,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--general", type=int, help="jobs through kombu's general publish path (5000)")
     p.add_argument("--overhead", type=int, help="jobs per side of the worker-overhead comparison (10000)")
     p.add_argument("--rates", help="W2 rates, jobs/s, comma-separated (500,2000)")
-    p.add_argument("--duration", type=float, help="W2 and ETA spread: seconds of steady stream (60)")
+    p.add_argument("--duration", type=float, help="W2 (first rate) and ETA spread: seconds of steady stream (60)")
+    p.add_argument("--duration-high", type=float, help="W2, the other rates: seconds of steady stream (20; two "
+                   "workers cannot keep up with 2000/s, so a longer stream only measures their backlog)")
     p.add_argument("--eta-jobs", type=int, help="Celery ETA jobs due at one instant (20000)")
     p.add_argument("--future", type=int, help="W3: future jobs in the table (1000000; the issue's figure is 10000000)")
     p.add_argument("--many", type=int, help="W3: jobs inserted with schedule_many to time it (200000)")
@@ -473,19 +476,18 @@ class Bench:
             say("  warning: the stream started before its jobs were committed (slow box): early lags inflated")
         return first, last
 
-    def w2(self, per_s: int) -> dict:
-        a = self.args
+    def w2(self, per_s: int, duration: float) -> dict:
         self.start_workers()
         self.reset()
         self.start_dispatcher()
-        n = int(per_s * a.duration)
+        n = int(per_s * duration)
         first, last = self.spread_schedule(n, per_s)
         wait = (last - self.db_now()).total_seconds()
-        say(f"w2: {per_s}/s for {a.duration:.0f}s ({n} jobs) starts in {(first - self.db_now()).total_seconds():.1f}s")
+        say(f"w2: {per_s}/s for {duration:.0f}s ({n} jobs) starts in {(first - self.db_now()).total_seconds():.1f}s")
         time.sleep(max(0.0, wait))
         got = self.wait_for("SELECT count(*) FROM cron_at_scale_jobattempt WHERE started_at IS NOT NULL", n,
                             max(120, n / 200))
-        out = {"rate": per_s, "seconds": a.duration, "jobs": n, "started": got,
+        out = {"rate": per_s, "seconds": duration, "jobs": n, "started": got,
                "dispatch_lag_ms": self.lag_stats("SELECT extract(epoch FROM dispatched_at - scheduled_at) * 1000 "
                                                "FROM cron_at_scale_jobattempt"),
                "start_lag_ms": self.lag_stats("SELECT extract(epoch FROM started_at - scheduled_at) * 1000 "
@@ -624,6 +626,20 @@ def draw(r: dict, png_dir: str) -> str | None:
     return path
 
 
+def code_version() -> str | None:
+    """The commit measured, with "+dirty" when cron_at_scale/ has uncommitted changes."""
+    import subprocess
+
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "cron_at_scale"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     bench = Bench(args)
@@ -631,6 +647,7 @@ def main(argv=None) -> int:
                     "machine": {"cpus": os.cpu_count(), "load_start": [round(x, 2) for x in os.getloadavg()]},
                     "settings": {"workers": args.workers, "concurrency": args.concurrency,
                                  "batch_size": args.batch_size or bench.dispatcher().batch_size}}
+    result["code"] = code_version()
     t0 = time.monotonic()
     try:
         for name in WORKLOADS:
@@ -638,7 +655,8 @@ def main(argv=None) -> int:
                 continue
             say(f"== {name} (load {os.getloadavg()[0]:.2f})")
             if name == "w2":
-                result["w2"] = [bench.w2(r) for r in args.rates]
+                result["w2"] = [bench.w2(r, args.duration if i == 0 else args.duration_high)
+                                for i, r in enumerate(args.rates)]
             elif name == "w1":
                 result["w1"] = bench.w1()
             else:
