@@ -13,7 +13,7 @@ import io
 import math
 import uuid
 from collections.abc import Iterable, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -33,19 +33,33 @@ _CATCHUPS = tuple(Catchup.values)
 _OVERLAPS = tuple(Overlap.values)
 MAX_COUNTDOWN = 100 * 365 * 86400  # seconds; a longer horizon is a bug, not a plan
 MAX_JSON_DEPTH = 64
+MAX_INT_BITS = 1024  # far beyond any id or amount; Python refuses to print ints of ~4300+ digits
 # Options a job may carry: Celery's message priority and the retry policy's overrides.
 _OPTIONS = {"priority", "retry_backoff", "retry_backoff_max", "retry_jitter", "retry_all_exceptions"}
+
+
+def _show(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, never failing (a 5000-digit int's repr raises)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _check_text(field: str, value: Any, max_len: int, *, allow_none: bool = False) -> str | None:
     if value is None and allow_none:
         return None
     if not isinstance(value, str) or not value:
-        raise ValidationError(field, f"must be a non-empty string, got {value!r:.80}")
+        raise ValidationError(field, f"must be a non-empty string, got {_show(value, 80)}")
     if len(value) > max_len:
         raise ValidationError(field, f"is {len(value)} characters long; the limit is {max_len}")
     if "\x00" in value:
         raise ValidationError(field, "must not contain NUL characters")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValidationError(field, "must be valid Unicode (no lone surrogates)") from None
     return value
 
 
@@ -53,11 +67,20 @@ def _check_json(field: str, value: Any, depth: int = 0) -> None:
     """Accept exactly what JSON (and PostgreSQL's jsonb) round-trips unchanged."""
     if depth > MAX_JSON_DEPTH:
         raise ValidationError(field, f"is nested deeper than {MAX_JSON_DEPTH} levels")
-    if value is None or isinstance(value, (bool, int)):
+    if value is None or isinstance(value, bool):
+        return
+    if isinstance(value, int):
+        if value.bit_length() > MAX_INT_BITS:
+            raise ValidationError(field, f"an integer of {value.bit_length()} bits is too large (the limit is "
+                                         f"{MAX_INT_BITS} bits)")
         return
     if isinstance(value, float):
         if not math.isfinite(value):
-            raise ValidationError(field, f"{value!r} is not JSON (NaN and infinity are not allowed)")
+            raise ValidationError(field, f"{_show(value)} is not JSON (NaN and infinity are not allowed)")
+        if abs(value) >= 2.0**53 and value.is_integer():
+            # jsonb keeps it as an exact number and it would come back an int: say so now
+            raise ValidationError(field, f"the float {_show(value)} is beyond 2**53 and would arrive as an int; "
+                                         "pass an int or a string")
         return
     if isinstance(value, str):
         if "\x00" in value:
@@ -74,23 +97,36 @@ def _check_json(field: str, value: Any, depth: int = 0) -> None:
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
-                raise ValidationError(field, f"dict keys must be strings, got {k!r:.40}")
+                raise ValidationError(field, f"dict keys must be strings, got {_show(k, 40)}")
             _check_json(field, k, depth + 1)
             _check_json(field, v, depth + 1)
         return
     raise ValidationError(field, f"{type(value).__name__} is not JSON-serializable (payloads are JSON only)")
 
 
+def _check_batch_size(batch_size: Any) -> None:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or not 1 <= batch_size <= 1_000_000:
+        raise ValidationError("batch_size", f"must be an integer from 1 to 1000000, got {_show(batch_size)}")
+
+
+def _refuse_private(spec: Mapping[str, Any]) -> None:
+    for name in spec:
+        if not isinstance(name, str):
+            raise ValidationError("specs", f"argument names must be strings, got {_show(name)}")
+        if name.startswith("_"):
+            raise ValidationError(name, "unknown argument")
+
+
 def _check_option(opt: str, value: Any) -> None:
     if opt == "priority" and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255):
-        raise ValidationError(opt, f"must be an integer from 0 to 255, got {value!r:.40}")
+        raise ValidationError(opt, f"must be an integer from 0 to 255, got {_show(value, 40)}")
     if opt in ("retry_backoff", "retry_backoff_max") and (
         isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
         or not 0 <= value <= MAX_COUNTDOWN
     ):
-        raise ValidationError(opt, f"must be a number of seconds from 0 to {MAX_COUNTDOWN}, got {value!r:.40}")
+        raise ValidationError(opt, f"must be a number of seconds from 0 to {MAX_COUNTDOWN}, got {_show(value, 40)}")
     if opt in ("retry_jitter", "retry_all_exceptions") and not isinstance(value, bool):
-        raise ValidationError(opt, f"must be True or False, got {value!r:.40}")
+        raise ValidationError(opt, f"must be True or False, got {_show(value, 40)}")
 
 
 def _seconds(field_name: str, value: Any, minimum: float = 0.0) -> float:
@@ -99,16 +135,16 @@ def _seconds(field_name: str, value: Any, minimum: float = 0.0) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not minimum <= value <= MAX_COUNTDOWN:
         raise ValidationError(field_name, f"must be seconds (or a timedelta) from {minimum} to {MAX_COUNTDOWN}, "
-                                          f"got {value!r:.40}")
+                                          f"got {_show(value, 40)}")
     return float(value)
 
 
 def _check_policy(recurring: bool, catchup: str, window: Any, overlap: str, jitter: Any) -> dict:
     """Validate the recurring-job policies (see ``cron_at_scale.recurrence``)."""
     if catchup not in _CATCHUPS:
-        raise ValidationError("catchup", f"must be one of {', '.join(_CATCHUPS)}, got {catchup!r:.40}")
+        raise ValidationError("catchup", f"must be one of {', '.join(_CATCHUPS)}, got {_show(catchup, 40)}")
     if overlap not in _OVERLAPS:
-        raise ValidationError("overlap", f"must be one of {', '.join(_OVERLAPS)}, got {overlap!r:.40}")
+        raise ValidationError("overlap", f"must be one of {', '.join(_OVERLAPS)}, got {_show(overlap, 40)}")
     window = DEFAULT_CATCHUP_WINDOW if window is None else _seconds("catchup_window", window)
     jitter = _seconds("jitter", jitter)
     customised = (catchup != "latest" or overlap != "skip" or window != DEFAULT_CATCHUP_WINDOW or jitter)
@@ -124,24 +160,25 @@ def _check_tz(tz: str) -> None:
     try:
         ZoneInfo(tz)
     except (ZoneInfoNotFoundError, ValueError, OSError):
-        raise ValidationError("tz", f"unknown IANA time zone {tz!r}") from None
+        raise ValidationError("tz", f"unknown IANA time zone {_show(tz)}") from None
 
 
 def _task_name(task: Any, registered: set[str] | None = None) -> str:
     name = getattr(task, "name", task)
     if not isinstance(name, str):
-        raise ValidationError("task", f"must be a Celery task or its registered name, got {task!r:.60}")
+        raise ValidationError("task", f"must be a Celery task or its registered name, got {_show(task, 60)}")
     _check_text("task", name, 200)
     if registered is not None and name in registered:
         return name
     if conf.get("VALIDATE_TASK_NAMES") and not is_registered(name):
-        raise ValidationError("task", f"{name!r} is not a registered Celery task")
+        raise ValidationError("task", f"{_show(name)} is not a registered Celery task")
     if registered is not None:
         registered.add(name)
     return name
 
 
-def _db_now() -> datetime:
+def db_now() -> datetime:
+    """The database's clock (``statement_timestamp()``), an aware datetime."""
     with connection.cursor() as cur:
         cur.execute(QUERIES["db_now"])
         return cur.fetchone()[0]
@@ -168,7 +205,7 @@ def build_job(
     catchup_window: float | timedelta | None = None,
     overlap: str = "skip",
     jitter: float | timedelta = 0,
-    db_now: datetime | None = None,
+    _db_now: datetime | None = None,
     _registered: set[str] | None = None,
     **options: Any,
 ) -> Job:
@@ -194,14 +231,14 @@ def build_job(
                                    "(CRON_AT_SCALE['MAX_PAYLOAD_BYTES']): pass an id, not the data")
     queue = _check_text("queue", queue, 200, allow_none=True) or ""
     if isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 1000:
-        raise ValidationError("max_retries", f"must be an integer from 0 to 1000, got {max_retries!r:.40}")
+        raise ValidationError("max_retries", f"must be an integer from 0 to 1000, got {_show(max_retries, 40)}")
     key = _check_text("key", key, 255, allow_none=True)
     for opt, value in options.items():
         if opt not in _OPTIONS:
             raise ValidationError(opt, f"unknown argument; schedule() takes {', '.join(_ARGUMENTS + sorted(_OPTIONS))}")
         _check_option(opt, value)
     if not isinstance(tz, str):
-        raise ValidationError("tz", f"must be an IANA time zone name, got {tz!r:.40}")
+        raise ValidationError("tz", f"must be an IANA time zone name, got {_show(tz, 40)}")
 
     recurring = cron is not None or every is not None
     job_id = uuid.uuid4()
@@ -213,16 +250,20 @@ def build_job(
             raise ValidationError("at", f"must be a datetime, got {type(at).__name__}")
         if at.tzinfo is None or at.utcoffset() is None:
             raise ValidationError("at", "must be an aware datetime (naive datetimes are ambiguous; use UTC)")
+        try:  # stored in UTC: any offset Python allows, and the year must stay within 1..9999 there
+            at = at.astimezone(timezone.utc)
+        except (OverflowError, ValueError):
+            raise ValidationError("at", f"{_show(at)} is out of range once in UTC") from None
     schedule_type, occurrence_at = ScheduleType.ONCE, None
     if at is not None and every is None:
         fire_at = at
     else:
-        now = db_now or _db_now()
+        now = _db_now or db_now()
         if countdown is not None:
             if isinstance(countdown, bool) or not isinstance(countdown, (int, float)):
-                raise ValidationError("countdown", f"must be a number of seconds, got {countdown!r:.40}")
+                raise ValidationError("countdown", f"must be a number of seconds, got {_show(countdown, 40)}")
             if not math.isfinite(countdown) or not 0 <= countdown <= MAX_COUNTDOWN:
-                raise ValidationError("countdown", f"must be from 0 to {MAX_COUNTDOWN} seconds, got {countdown!r}")
+                raise ValidationError("countdown", f"must be from 0 to {MAX_COUNTDOWN} seconds, got {_show(countdown)}")
             fire_at = now + timedelta(seconds=countdown)
         elif recurring:
             if cron is not None:
@@ -232,7 +273,11 @@ def build_job(
                 _check_tz(tz)
                 schedule_type = ScheduleType.INTERVAL
             rec = Recurrence(str(job_id), schedule_type, cron or "", tz, every, policy["jitter"])
-            occurrence_at, fire_at = rec.first(now, start=at)
+            try:
+                occurrence_at, fire_at = rec.first(now, start=at)
+            except OverflowError:
+                raise ValidationError("at" if at is not None else "every",
+                                      "the first occurrence is beyond the year 9999") from None
         else:
             fire_at = now
     if schedule_type == ScheduleType.ONCE:
@@ -294,6 +339,7 @@ def schedule(task: Any, **spec: Any) -> Job:
 
     Raises ``cron_at_scale.ValidationError`` (field named) and writes nothing.
     """
+    _refuse_private(spec)
     job = build_job(task, **spec)
     if job.key is None:
         job.save(force_insert=True)
@@ -321,8 +367,11 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 10_00
     caller's transaction, like ``schedule``. Returns the jobs in spec order; a
     spec whose ``key`` names a live job returns that job.
     """
+    if isinstance(specs, (str, bytes, Mapping)) or not isinstance(specs, Iterable):
+        raise ValidationError("specs", f"must be a list of dicts, got {type(specs).__name__}")
+    _check_batch_size(batch_size)
     specs = list(specs)
-    db_now = _db_now() if any(_needs_db_now(s) for s in specs if isinstance(s, Mapping)) else None
+    now = db_now() if any(_needs_db_now(s) for s in specs if isinstance(s, Mapping)) else None
     jobs: list[Job] = []
     registered: set[str] = set()
     for i, spec in enumerate(specs):
@@ -331,7 +380,8 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 10_00
         spec = dict(spec)
         task = spec.pop("task")
         try:
-            jobs.append(build_job(task, db_now=db_now, _registered=registered, **spec))
+            _refuse_private(spec)
+            jobs.append(build_job(task, _db_now=now, _registered=registered, **spec))
         except ValidationError as e:
             raise ValidationError(f"[{i}].{e.field}", e.text.split(": ", 1)[1]) from None
         except TypeError as e:
@@ -403,6 +453,7 @@ def requeue(job_id: uuid.UUID | str | None = None, *, task: str | None = None, q
     """
     from django.db.models import Q
 
+    _check_batch_size(batch_size)
     query = Q(status=Status.FAILED)
     if job_id is not None:
         query &= Q(id=_job_uuid(job_id))
@@ -412,8 +463,12 @@ def requeue(job_id: uuid.UUID | str | None = None, *, task: str | None = None, q
         query &= Q(queue=_check_text("queue", queue, 200))
     for field_name, value, lookup in (("failed_after", failed_after, "gte"), ("failed_before", failed_before, "lt")):
         if value is not None:
-            if not isinstance(value, datetime) or value.tzinfo is None:
+            if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
                 raise ValidationError(field_name, "must be an aware datetime")
+            try:
+                value = value.astimezone(timezone.utc)
+            except (OverflowError, ValueError):
+                raise ValidationError(field_name, f"{_show(value)} is out of range once in UTC") from None
             query &= Q(**{f"updated_at__{lookup}": value})
     if job_id is None and task is None and queue is None and failed_after is None and failed_before is None \
             and not all_failed:
@@ -431,7 +486,7 @@ def _job_uuid(job_id: Any) -> uuid.UUID:
     try:
         return job_id if isinstance(job_id, uuid.UUID) else uuid.UUID(str(job_id))
     except (ValueError, TypeError, AttributeError):
-        raise ValidationError("job_id", f"{job_id!r:.60} is not a UUID") from None
+        raise ValidationError("job_id", f"{_show(job_id, 60)} is not a UUID") from None
 
 
 def pause(job_id: uuid.UUID | str, note: str = "") -> bool:
@@ -440,8 +495,10 @@ def pause(job_id: uuid.UUID | str, note: str = "") -> bool:
     A run already started goes on. ``note`` (say why) shows in the admin.
     Raises ``ValidationError`` for a malformed id or note.
     """
-    if not isinstance(note, str) or len(note) > 2000 or "\x00" in note:
+    if not isinstance(note, str) or len(note) > 2000:
         raise ValidationError("note", "must be a string of at most 2000 characters")
+    if note:
+        _check_text("note", note, 2000)
     with connection.cursor() as cur:
         cur.execute(QUERIES["pause"], {"job_id": _job_uuid(job_id), "note": note})
         return cur.fetchone() is not None

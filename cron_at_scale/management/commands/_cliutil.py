@@ -70,7 +70,9 @@ def json_of(kind: type):
         try:
             value = json.loads(text)
         except ValueError as e:
-            raise argparse.ArgumentTypeError(f"not JSON ({e}): {text!r}") from None
+            raise argparse.ArgumentTypeError(f"not JSON ({e}): {text[:80]!r}") from None
+        except RecursionError:
+            raise argparse.ArgumentTypeError("not JSON this program accepts: nested too deeply") from None
         if not isinstance(value, kind):
             raise argparse.ArgumentTypeError(f"must be a JSON {name}, e.g. {example}")
         return value

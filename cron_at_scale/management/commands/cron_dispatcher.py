@@ -4,24 +4,36 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from cron_at_scale.dispatcher import Dispatcher
 
 
-def _positive(kind):
+def _positive(kind, maximum):
     def parse(text):
         try:
             value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}") from None
+        if not math.isfinite(value) or not 0 < value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be greater than 0 and at most {maximum}, got {text[:40]!r}")
         return value
 
     parse.__name__ = kind.__name__
     return parse
+
+
+def _name(text):
+    if not text or len(text) > 200 or "\x00" in text:
+        raise argparse.ArgumentTypeError("must be 1 to 200 characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise argparse.ArgumentTypeError("must be valid UTF-8") from None
+    return text
 
 
 class Command(BaseCommand):
@@ -32,18 +44,18 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("--batch-size", type=_positive(int),
+        parser.add_argument("--batch-size", type=_positive(int, 100_000),
                             help="jobs claimed per statement (default: CRON_AT_SCALE['BATCH_SIZE'], 1000)")
-        parser.add_argument("--poll-interval", type=_positive(float),
+        parser.add_argument("--poll-interval", type=_positive(float, 3600),
                             help="seconds to sleep when nothing is due (default: CRON_AT_SCALE['POLL_INTERVAL'], 0.1)")
-        parser.add_argument("--lease", type=_positive(float),
+        parser.add_argument("--lease", type=_positive(float, 86_400),
                             help="dispatch lease in seconds (default: CRON_AT_SCALE['DISPATCH_LEASE'], 30)")
-        parser.add_argument("--name", help="this dispatcher's name in locked_by (default host:pid)")
+        parser.add_argument("--name", type=_name, help="this dispatcher's name in locked_by (default host:pid)")
         parser.add_argument("--shards", default="auto", choices=["auto", "all"],
                             help="auto: share the 64 shards with the other dispatchers through leases "
                                  "(default); all: claim from every shard, taking no lease")
-        parser.add_argument("--max-seconds", type=_positive(float), help="exit after this many seconds (for tests)")
-        parser.add_argument("--metrics-port", type=_positive(int),
+        parser.add_argument("--max-seconds", type=_positive(float, 10**9), help="exit after this many seconds (for tests)")
+        parser.add_argument("--metrics-port", type=_positive(int, 65535),
                             help="serve Prometheus metrics on this port (http://host:PORT/metrics)")
 
     def handle(self, *args, **opts):
@@ -61,6 +73,9 @@ class Command(BaseCommand):
         dispatcher.install_signal_handlers()
         if opts["verbosity"] >= 1:
             self.stdout.write(f"dispatcher {dispatcher.name} running (Ctrl-C to stop)")
-        dispatcher.run(max_seconds=opts["max_seconds"])
+        try:
+            dispatcher.run(max_seconds=opts["max_seconds"])
+        except DatabaseError as e:
+            raise CommandError(f"the dispatcher stopped on a database error: {e}") from e
         if opts["verbosity"] >= 1:
             self.stdout.write(f"dispatcher {dispatcher.name} stopped: {dispatcher.published_total} jobs published")

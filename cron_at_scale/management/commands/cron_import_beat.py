@@ -130,7 +130,7 @@ def import_periodic_tasks(*, dry_run: bool = False, disable_source: bool = False
             try:
                 spec, warnings = periodic_task_spec(pt, db_now)
                 crontab_start = spec.get("cron") and pt.start_time and pt.start_time > db_now
-                new = build_job(spec.pop("task"), key=key, db_now=db_now, **spec)
+                new = build_job(spec.pop("task"), key=key, _db_now=db_now, **spec)
             except (Unmappable, ValidationError, ValueError, TypeError) as e:
                 report.unsupported.append((pt.name, str(e)))
                 continue

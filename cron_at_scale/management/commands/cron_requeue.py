@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from cron_at_scale import ValidationError
 from cron_at_scale.scheduling import requeue
@@ -43,6 +44,8 @@ class Command(BaseCommand):
                         failed_before=opts["failed_before"], all_failed=opts["all"])
         except ValidationError as e:
             raise CommandError(str(e)) from None
+        except DatabaseError as e:
+            raise CommandError(f"database error: {e}") from None
         if opts["job_id"] and n == 0:
             raise CommandError(f"job {opts['job_id']} is not a failed job (or its key is held by a live job)")
         self.stdout.write(f"requeued {n} job{'s' if n != 1 else ''}")
