@@ -96,6 +96,11 @@ RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retr
 -- Close an attempt and, for a one-off job still on this attempt, set its
 -- final status. An attempt whose job was cancelled while it ran ends
 -- 'cancelled' whatever the task returned (cooperative cancellation).
+-- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
+-- crashes in the next few ms this write is lost, the attempt's lease expires
+-- and the job runs again as a new attempt (at-least-once). start_attempt
+-- stays synchronous: it is what stops one attempt from running twice.
+SET LOCAL synchronous_commit = off;
 WITH a AS (
     UPDATE cron_at_scale_jobattempt AS a
     SET finished_at = statement_timestamp(),
@@ -121,6 +126,11 @@ WHERE j.id = a.job_id AND (
 -- Close an attempt as retried and put its one-off job back to pending after
 -- %(delay)s seconds of backoff (database clock), one retry used. An attempt
 -- whose job was cancelled meanwhile ends 'cancelled' and the job stays so.
+-- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
+-- crashes in the next few ms this write is lost, the attempt's lease expires
+-- and the job runs again as a new attempt (at-least-once). start_attempt
+-- stays synchronous: it is what stops one attempt from running twice.
+SET LOCAL synchronous_commit = off;
 WITH a AS (
     UPDATE cron_at_scale_jobattempt AS a
     SET finished_at = statement_timestamp(),
@@ -141,6 +151,11 @@ WHERE j.id = a.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress'
 -- Extend the leases of attempts running in this worker process (and of their
 -- one-off jobs, so the admin shows a live lease); report which of their jobs
 -- were cancelled meanwhile.
+-- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
+-- crashes in the next few ms this write is lost, the attempt's lease expires
+-- and the job runs again as a new attempt (at-least-once). start_attempt
+-- stays synchronous: it is what stops one attempt from running twice.
+SET LOCAL synchronous_commit = off;
 WITH hb AS (
     UPDATE cron_at_scale_jobattempt AS a
     SET locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
@@ -296,5 +311,10 @@ ON CONFLICT (shard) DO NOTHING;
 
 -- name: keep_result
 -- A task's JSON return value, kept on its attempt (Django Tasks results).
+-- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
+-- crashes in the next few ms this write is lost, the attempt's lease expires
+-- and the job runs again as a new attempt (at-least-once). start_attempt
+-- stays synchronous: it is what stops one attempt from running twice.
+SET LOCAL synchronous_commit = off;
 UPDATE cron_at_scale_jobattempt SET result = %(result)s::jsonb
 WHERE job_id = %(job_id)s AND attempt = %(attempt)s;
