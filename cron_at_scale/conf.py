@@ -40,6 +40,9 @@ DEFAULTS: dict[str, Any] = {
     # Seconds after which completed and cancelled jobs (and their attempts) are
     # deleted by the dispatchers, in small batches; None keeps them (cron_purge by hand).
     "RETENTION": None,
+    # Server-side prepared statements for the worker's per-task writes; turn off
+    # behind a pooler that does not keep sessions (PgBouncer transaction mode).
+    "PREPARED_STATEMENTS": True,
     # Celery app path ("module:attr"); None => celery.current_app.
     "CELERY_APP": None,
 }
@@ -68,7 +71,7 @@ def problems() -> list[str]:
     value = user.get("LOOKAHEAD", DEFAULTS["LOOKAHEAD"])
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60:
         out.append(f"CRON_AT_SCALE['LOOKAHEAD'] must be a number of seconds from 0 to 60, got {value!r}")
-    for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS"):
+    for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS", "PREPARED_STATEMENTS"):
         if not isinstance(user.get(key, DEFAULTS[key]), bool):
             out.append(f"CRON_AT_SCALE[{key!r}] must be True or False, got {user[key]!r}")
     retention = user.get("RETENTION")

@@ -151,3 +151,18 @@ def test_cron_requeue_command(capsys):
         call_command("cron_requeue", str(job.id))
     with pytest.raises(CommandError, match="job_id"):
         call_command("cron_requeue")
+
+
+def test_worker_statements_are_prepared_and_survive_a_session_reset():
+    from cron_at_scale import db
+
+    job = cron_at_scale.schedule(noop)
+    Dispatcher(name="p").claim()
+    row = db.run("start_attempt", {"job_id": str(job.id), "attempt": 1, "worker": "w", "lease": 60.0}, fetch="one")
+    assert row is not None
+    assert sql("SELECT count(*) FROM pg_prepared_statements WHERE name = 'cas_start_attempt'")[0][0] == 1
+    sql("DEALLOCATE ALL")  # what a pooler's DISCARD ALL does behind our back
+    db._templates.clear()
+    assert db.run("finish_attempt", {"job_id": str(job.id), "attempt": 1, "outcome": "succeeded",
+                                     "status": "completed", "error": "", "traceback": ""}, fetch="count") == 1
+    assert Job.objects.get(id=job.id).status == "completed"
