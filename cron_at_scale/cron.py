@@ -327,7 +327,18 @@ def _zone_cached(tz: str) -> ZoneInfo:
         raise ValidationError("tz", f"unknown time zone {tz!r}") from exc
 
 
+def zone_name(tz: object) -> object:
+    """An IANA name for ``tz``: a ``ZoneInfo`` gives its key, ``datetime.timezone.utc`` gives
+    ``"UTC"``; anything else is returned as it is (and validated by the caller)."""
+    if isinstance(tz, ZoneInfo) and tz.key:
+        return tz.key
+    if tz is timezone.utc:
+        return "UTC"
+    return tz
+
+
 def _zone(tz: str) -> ZoneInfo:
+    tz = zone_name(tz)  # type: ignore[assignment]
     if not isinstance(tz, str):
         raise ValidationError("tz", f"time zone must be a string, not {type(tz).__name__}")
     if not tz:

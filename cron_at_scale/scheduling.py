@@ -237,6 +237,7 @@ def build_job(
         if opt not in _OPTIONS:
             raise ValidationError(opt, f"unknown argument; schedule() takes {', '.join(_ARGUMENTS + sorted(_OPTIONS))}")
         _check_option(opt, value)
+    tz = cronlib.zone_name(tz)  # type: ignore[assignment]  # a ZoneInfo is taken by its IANA name
     if not isinstance(tz, str):
         raise ValidationError("tz", f"must be an IANA time zone name, got {_show(tz, 40)}")
 

@@ -224,3 +224,10 @@ def test_schedule_many_copy_round_trips_awkward_payloads_and_rolls_back():
         cron_at_scale.schedule_many([{"task": noop} for _ in range(100)])
         raise RuntimeError
     assert Job.objects.count() == len(jobs)
+
+
+def test_a_zoneinfo_is_taken_by_its_name():
+    from zoneinfo import ZoneInfo
+
+    job = cron_at_scale.schedule(noop, cron="0 9 * * *", tz=ZoneInfo("Europe/Paris"))
+    assert Job.objects.get(id=job.id).timezone == "Europe/Paris"
