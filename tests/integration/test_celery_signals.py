@@ -1,0 +1,42 @@
+"""Scheduled runs are ordinary Celery tasks: signals fire, task ids name the attempt (issue 7)."""
+
+from __future__ import annotations
+
+import pytest
+from celery.signals import task_failure, task_postrun, task_prerun, task_success
+
+import cron_at_scale
+from cron_at_scale.app import get_app
+from cron_at_scale.dispatcher import Dispatcher
+from cron_at_scale.publish import HEADER, header
+
+pytestmark = pytest.mark.django_db
+
+
+def test_celery_signals_fire_for_scheduled_runs():
+    seen = []
+
+    def on(name):
+        def receiver(sender=None, task_id=None, **kw):
+            seen.append((name, task_id or kw.get("task_id") or getattr(kw.get("request"), "id", None)))
+        return receiver
+
+    receivers = {sig: on(name) for sig, name in ((task_prerun, "prerun"), (task_postrun, "postrun"),
+                                                 (task_success, "success"), (task_failure, "failure"))}
+    for sig, receiver in receivers.items():
+        sig.connect(receiver, weak=False)
+    try:
+        ok = cron_at_scale.schedule("demo.tasks.noop")
+        bad = cron_at_scale.schedule("demo.tasks.fail", kwargs={"times": 5}, max_retries=0)
+        app = get_app()
+        for run in Dispatcher(name="t", lookahead=0).claim():
+            app.tasks[run.task].apply(args=run.payload["args"], kwargs=run.payload["kwargs"],
+                                      task_id=f"{run.job_id}:{run.attempt}", headers={HEADER: header(run)})
+    finally:
+        for sig, receiver in receivers.items():
+            sig.disconnect(receiver)
+    names = {(name, tid) for name, tid in seen}
+    assert ("prerun", f"{ok.id}:1") in names
+    assert [n for n, _ in seen].count("success") == 1  # the noop; the failing task sends task_failure
+    assert ("postrun", f"{ok.id}:1") in names and ("postrun", f"{bad.id}:1") in names
+    assert any(name == "failure" for name, _ in seen)
