@@ -427,10 +427,16 @@ class System:
                 p = self.procs[n]
                 if p.poll() is not None:
                     raise RuntimeError(f"worker {n} exited with {p.returncode}:\n{self.log(n)}")
+            # Celery lets CELERY_BROKER_URL in this process's environment (CI sets one for the
+            # other tests) win over the probe app's own broker: hide it while pinging.
+            saved = os.environ.pop("CELERY_BROKER_URL", None)
             try:
                 replies = self.app.control.ping(destination=sorted(want), timeout=0.5) or []
             except Exception:  # noqa: BLE001 (broker restarting)
                 replies = []
+            finally:
+                if saved is not None:
+                    os.environ["CELERY_BROKER_URL"] = saved
             if want <= {next(iter(r)) for r in replies}:
                 return
         raise TimeoutError(f"workers {sorted(want)} did not answer within {timeout:.0f}s")
