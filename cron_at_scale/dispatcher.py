@@ -149,8 +149,9 @@ class Dispatcher:
                     self._seq += 1
                     heapq.heappush(self._timers, (at, self._seq, run))
             self._publish(due)
-            log.info("dispatched batch", extra={"claimed": len(batch), "dispatcher": self.name,
-                                                "first_job": str(batch[0].job_id)})
+            log.info("dispatcher %s claimed %d jobs (%d held for their fire_at); first job %s", self.name,
+                     len(batch), len(batch) - len(due), batch[0].job_id,
+                     extra={"claimed": len(batch), "dispatcher": self.name, "first_job": str(batch[0].job_id)})
         return len(batch)
 
     def fire_timers(self, until: float | None = None) -> int:

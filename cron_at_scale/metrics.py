@@ -110,6 +110,11 @@ class DatabaseCollector:
     nothing else, instead of failing the whole scrape.
     """
 
+    def describe(self):
+        # Without it prometheus_client would call collect() at registration, i.e. query the
+        # database whenever this module is imported (workers, manage.py migrate ...).
+        return []
+
     def collect(self):
         from . import db, status
 
