@@ -36,14 +36,14 @@ def main() -> int:
     import django
 
     django.setup()
+    from demo.management.commands.demo import percentile
+    from demo.runner import Processes, child_env, database_url, wait_for_workers
     from django.conf import settings
     from django.core.management import call_command
     from django.db import connection
 
     import cron_at_scale
     from cron_at_scale.app import get_app
-    from demo.management.commands.demo import percentile
-    from demo.runner import Processes, child_env, database_url, wait_for_workers
 
     def q(sql, params=()):
         with connection.cursor() as cur:
