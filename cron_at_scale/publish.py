@@ -26,6 +26,7 @@ import base64
 import json
 import logging
 import os
+import re
 import socket
 import uuid
 from collections import defaultdict
@@ -90,6 +91,7 @@ class Publisher:
         self.conn = None
         self._routes: dict[tuple[str, str], str | None] = {}
         self._declared: set[str] = set()
+        self._templates: dict[tuple, list[str]] = {}
         self.origin = f"gen{os.getpid()}@{socket.gethostname()}"
 
     # -- connection ----------------------------------------------------------------------
@@ -214,30 +216,52 @@ class Publisher:
         return queue.name
 
     def _envelope(self, c: Claimed, target: str) -> str:
+        """The Redis message of run ``c``: Celery's envelope, filled into a template made once
+        per (task, list, priority), so only the per-run values are JSON-encoded here."""
         args = c.payload.get("args", [])
         kwargs = c.payload.get("kwargs", {})
-        task_id = task_id_for(c.job_id, c.attempt)
-        body = json.dumps([args, kwargs, _EMBED]).encode()
         priority = (c.options or {}).get("priority") or 0
-        queue_name = target.split("\x06\x16", 1)[0]
-        return json.dumps({
-            "body": base64.b64encode(body).decode(),
+        key = (c.task, target, priority)
+        template = self._templates.get(key)
+        if template is None:
+            template = self._templates[key] = self._template(c.task, target, priority)
+        task_id = json.dumps(task_id_for(c.job_id, c.attempt))
+        values = {
+            "body": json.dumps(base64.b64encode(json.dumps([args, kwargs, _EMBED]).encode()).decode()),
+            "id": task_id,
+            "argsrepr": json.dumps(repr(args or ())[:_REPR_MAX]),
+            "kwargsrepr": json.dumps(repr(kwargs)[:_REPR_MAX]),
+            "header": json.dumps(header(c)),
+            "tag": json.dumps(str(uuid.uuid4())),
+        }
+        out = [template[0]]
+        for i in range(1, len(template), 2):
+            out.append(values[template[i]])
+            out.append(template[i + 1])
+        return "".join(out)
+
+    def _template(self, task: str, target: str, priority: int) -> list[str]:
+        """Celery's envelope as JSON text split around the per-run values: [text, name, text, ...]."""
+        slot = {name: f"@@cas:{name}@@" for name in ("body", "id", "argsrepr", "kwargsrepr", "header", "tag")}
+        text = json.dumps({
+            "body": slot["body"],
             "content-encoding": "utf-8",
             "content-type": "application/json",
             "headers": {
-                "lang": "py", "task": c.task, "id": task_id, "shadow": None, "eta": None, "expires": None,
+                "lang": "py", "task": task, "id": slot["id"], "shadow": None, "eta": None, "expires": None,
                 "group": None, "group_index": None, "retries": 0, "timelimit": [None, None],
-                "root_id": task_id, "parent_id": None,
-                "argsrepr": repr(args or ())[:_REPR_MAX], "kwargsrepr": repr(kwargs)[:_REPR_MAX],
+                "root_id": slot["id"], "parent_id": None,
+                "argsrepr": slot["argsrepr"], "kwargsrepr": slot["kwargsrepr"],
                 "origin": self.origin, "ignore_result": None, "replaced_task_nesting": 0,
-                "stamped_headers": None, "stamps": {}, HEADER: header(c),
+                "stamped_headers": None, "stamps": {}, HEADER: slot["header"],
             },
             "properties": {
-                "correlation_id": task_id, "reply_to": self.app.thread_oid, "delivery_mode": 2,
-                "delivery_info": {"exchange": "", "routing_key": queue_name}, "priority": priority,
-                "body_encoding": "base64", "delivery_tag": str(uuid.uuid4()),
+                "correlation_id": slot["id"], "reply_to": self.app.thread_oid, "delivery_mode": 2,
+                "delivery_info": {"exchange": "", "routing_key": target.split("\x06\x16", 1)[0]},
+                "priority": priority, "body_encoding": "base64", "delivery_tag": slot["tag"],
             },
         })
+        return re.split(r'"@@cas:(\w+)@@"', text)
 
 
 def publish_batch(app: Celery, batch: list[Claimed]) -> int:
