@@ -337,6 +337,11 @@ def zone_name(tz: object) -> object:
     return tz
 
 
+def check_zone(tz: str) -> ZoneInfo:
+    """The ``ZoneInfo`` of IANA name ``tz`` (or a ``ZoneInfo``); ``ValidationError`` field ``"tz"`` otherwise."""
+    return _zone(tz)
+
+
 def _zone(tz: str) -> ZoneInfo:
     tz = zone_name(tz)  # type: ignore[assignment]
     if not isinstance(tz, str):

@@ -48,16 +48,14 @@ def test_batch_size_bounds_one_claim_and_oldest_fire_first():
 
 def test_due_ness_ignores_this_process_clock(monkeypatch):
     import time as time_module
-    from datetime import datetime as real_datetime
+
+    from django.utils import timezone as dj_timezone
 
     job = cron_at_scale.schedule(noop, countdown=5)
-
-    class Skewed(real_datetime):
-        @classmethod
-        def now(cls, tz=None):
-            return real_datetime.now(tz) + timedelta(hours=1)
-
-    monkeypatch.setattr("datetime.datetime", Skewed)
+    # The ways a node's clock could leak in: Django's timezone.now() (what ORM code would
+    # use) and time.time(), both an hour fast. (tests/faults scenario 6 skews whole processes.)
+    real_now = dj_timezone.now
+    monkeypatch.setattr(dj_timezone, "now", lambda: real_now() + timedelta(hours=1))
     monkeypatch.setattr(time_module, "time", lambda real=time_module.time: real() + 3600)
     assert Dispatcher().claim() == []  # an hour-fast clock fires nothing early
     make_due(job)
