@@ -94,7 +94,7 @@ def test_like_wildcards_in_keys_match_only_themselves(bystanders):
 
 @pytest.mark.django_db
 def test_hostile_strings_through_schedule_many_copy_and_insert(bystanders):
-    """schedule_many writes unkeyed jobs with COPY (CSV) and keyed ones with INSERT: both verbatim."""
+    """schedule_many writes unkeyed jobs with COPY (text format) and keyed ones with INSERT: both verbatim."""
     tables, before = _tables(), _all_rows()
     specs = [{"task": noop, "queue": t, "args": [t], "kwargs": {t: t}} for t in HOSTILE]
     specs += [{"task": noop, "queue": t, "key": f"many:{t}", "args": [t]} for t in HOSTILE]
