@@ -195,7 +195,7 @@ class Bench:
         t0 = time.perf_counter()
         while done < n:
             if send is None:
-                got = d.tick()
+                got = d.tick(wait=False)  # as the dispatcher's loop: the next claim overlaps this publish
             else:
                 batch = d.claim()
                 got = len(batch)
@@ -204,6 +204,7 @@ class Bench:
             if not got:
                 break
             done += got
+        d.sender.wait()  # all published
         seconds = time.perf_counter() - t0
         self.close_dispatcher(d)
         return done, seconds

@@ -23,7 +23,7 @@ from django.db import InterfaceError, OperationalError, transaction
 from . import conf, db, dlq, failpoints, metrics, retention
 from .app import get_app
 from .checks import refuse_pickle
-from .publish import Claimed, Publisher
+from .publish import Claimed, Publisher, Sender
 from .recurrence import Recurrence, plan
 from .shards import AllShards, ShardLeases
 from .wakeup import Wakeup
@@ -57,6 +57,7 @@ class Dispatcher:
         self.app = app or get_app()
         refuse_pickle(self.app)
         self.publisher = Publisher(self.app)
+        self.sender = Sender(self.publisher, self._sent)  # publishes on its own thread
         ttl = float(conf.get("SHARD_LEASE"))
         self.shards = AllShards() if shards == "all" else ShardLeases(self.name, ttl)
         self.shard_refresh = ttl / 4
@@ -86,6 +87,7 @@ class Dispatcher:
             self.shards.refresh()
         t0 = time.monotonic()
         with transaction.atomic():
+            db.run("claim_settings", fetch="count", retries=0)
             rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease,
                                     "lookahead": self.lookahead, **self.shards.claim_params()}, retries=0)
             metrics.observe_claim(len(rows), time.monotonic() - t0)
@@ -132,8 +134,11 @@ class Dispatcher:
         db.run("advance_recurring", {**moved, **logged, "lease": self.lease}, fetch="count", retries=0)
         return runs
 
-    def tick(self) -> int:
-        """Claim one batch; publish what is due now, hold the rest on timers; return the count claimed."""
+    def tick(self, wait: bool = True) -> int:
+        """Claim one batch; publish what is due now, hold the rest on timers; return the count claimed.
+
+        ``wait=False`` (the run loop) returns once the batch is queued for the sender thread.
+        """
         batch = self.claim()
         if batch:
             failpoints.hit("dispatcher.after_claim")
@@ -148,32 +153,32 @@ class Dispatcher:
                 else:
                     self._seq += 1
                     heapq.heappush(self._timers, (at, self._seq, run))
-            self._publish(due)
+            self._publish(due, wait)
             log.info("dispatcher %s claimed %d jobs (%d held for their fire_at); first job %s", self.name,
                      len(batch), len(batch) - len(due), batch[0].job_id,
                      extra={"claimed": len(batch), "dispatcher": self.name, "first_job": str(batch[0].job_id)})
         return len(batch)
 
-    def fire_timers(self, until: float | None = None) -> int:
+    def fire_timers(self, until: float | None = None, wait: bool = True) -> int:
         """Publish the held runs whose time has come (all up to ``until``, a monotonic time)."""
         until = time.monotonic() if until is None else until
         due = []
         while self._timers and self._timers[0][0] <= until:
             due.append(heapq.heappop(self._timers)[2])
-        self._publish(due)
+        self._publish(due, wait)
         return len(due)
 
-    def _publish(self, runs: list[Claimed]) -> None:
-        if not runs:
-            return
-        t0 = time.monotonic()
-        try:
-            n = self.publisher.publish(runs)
-            self.published_total += n
-            metrics.observe_published(n, time.monotonic() - t0)
-        except Exception:
-            # Claimed but not sent: their leases expire and the reaper fires them again.
-            log.exception("publishing %d claimed jobs failed; the reaper will re-fire them", len(runs))
+    def _publish(self, runs: list[Claimed], wait: bool = True) -> None:
+        """Publish ``runs`` on the sender thread; ``wait=False`` returns at once (the run loop:
+        the next claim overlaps this publish)."""
+        if runs:
+            self.sender.send(runs)
+        if wait:
+            self.sender.wait()
+
+    def _sent(self, n: int, seconds: float) -> None:
+        self.published_total += n
+        metrics.observe_published(n, seconds)
 
     def broker_full(self) -> bool:
         """True while the broker holds more than ``MAX_BROKER_DEPTH`` messages (checked once a second):
@@ -181,7 +186,8 @@ class Dispatcher:
         now = time.monotonic()
         if now >= self._next_depth_check:
             self._next_depth_check = now + 1.0
-            depth = self.publisher.depth()
+            with self.sender.lock:
+                depth = self.publisher.depth()
             full = depth is not None and depth > self.max_broker_depth
             if full != self._broker_full:
                 log.warning("broker holds %s messages: %s claiming", depth, "pausing" if full else "resuming")
@@ -214,7 +220,7 @@ class Dispatcher:
         log.warning("reaped %d expired leases (%d cron runs fired again): %s", len(lost), len(refire),
                     ", ".join(f"{r[0]}:{r[1]}" for r in lost[:10]))
         if refire:
-            self.publisher.publish(refire)
+            self._publish(refire)
         for job_id, status, attempt, task in failed:
             if status == "failed":
                 dlq.announce(self.app, job_id, attempt, task, f"lost {self.max_lost} attempts (lease expired each time)")
@@ -223,10 +229,11 @@ class Dispatcher:
 
     # -- the loop -------------------------------------------------------------------------
 
-    def step(self) -> int:
+    def step(self, wait: bool = True) -> int:
         """One pass of the loop: refresh shard leases and reap when due, fire timers, claim a batch.
 
-        Returns how many jobs were claimed (0 while the broker is full).
+        Returns how many jobs were claimed (0 while the broker is full). ``wait=False`` (the run
+        loop) leaves the batch publishing on the sender thread while the next claim runs.
         """
         now = time.monotonic()
         if now >= self._next_shards:
@@ -235,9 +242,9 @@ class Dispatcher:
         if now >= self._next_reap:
             self._next_reap = now + self.reaper_interval
             self.reap()
-        self.fire_timers()
-        n = 0 if self.broker_full() else self.tick()
-        self.fire_timers()
+        self.fire_timers(wait=wait)
+        n = 0 if self.broker_full() else self.tick(wait=wait)
+        self.fire_timers(wait=wait)
         if n < self.batch_size:  # idle time only: retention never holds up a busy loop
             retention.maybe_purge()
         return n
@@ -258,7 +265,7 @@ class Dispatcher:
             if deadline and time.monotonic() > deadline:
                 break
             try:
-                n = self.step()
+                n = self.step(wait=False)
                 pause = 0.0
             except (OperationalError, InterfaceError) as e:
                 pause = min(5.0, (pause or 0.1) * 2)
@@ -279,6 +286,7 @@ class Dispatcher:
     def close(self) -> None:
         """Publish held runs at their time, give back shard leases, close connections."""
         self._drain_timers()
+        self.sender.close()
         try:
             self.shards.release_all()
         except (OperationalError, InterfaceError):

@@ -26,8 +26,11 @@ import base64
 import json
 import logging
 import os
+import queue
 import re
 import socket
+import threading
+import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
@@ -271,3 +274,57 @@ def publish_batch(app: Celery, batch: list[Claimed]) -> int:
         return publisher.publish(batch)
     finally:
         publisher.close()
+
+
+class Sender:
+    """Publishes claimed batches from a thread of its own.
+
+    The dispatcher's next claim (PostgreSQL's work) then overlaps the publish
+    of this batch (Python's work): two cores busy instead of one. At most
+    ``depth`` batches wait; one more blocks the claimer (back-pressure). A
+    batch that fails to publish is logged and left to the reaper, as on the
+    dispatcher's own thread. ``lock`` guards the publisher against the
+    dispatcher's other uses of it (the broker depth check).
+    """
+
+    def __init__(self, publisher: Publisher, on_sent, depth: int = 2):
+        self.publisher = publisher
+        self.on_sent = on_sent  # on_sent(count, seconds)
+        self.lock = threading.Lock()
+        self.queue: queue.Queue[list[Claimed] | None] = queue.Queue(maxsize=depth)
+        self.thread: threading.Thread | None = None
+
+    def send(self, runs: list[Claimed]) -> None:
+        """Queue ``runs`` for publishing (blocks while ``depth`` batches wait)."""
+        if self.thread is None or not self.thread.is_alive():
+            self.thread = threading.Thread(target=self._loop, name="cron_at_scale-sender", daemon=True)
+            self.thread.start()
+        self.queue.put(runs)
+
+    def wait(self) -> None:
+        """Return once every queued batch is published (or failed)."""
+        if self.thread is not None:
+            self.queue.join()
+
+    def close(self) -> None:
+        """Publish what is queued, then end the thread."""
+        if self.thread is not None and self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join()
+        self.thread = None
+
+    def _loop(self) -> None:
+        while True:
+            runs = self.queue.get()
+            try:
+                if runs is None:
+                    return
+                t0 = time.monotonic()
+                with self.lock:
+                    n = self.publisher.publish(runs)
+                self.on_sent(n, time.monotonic() - t0)
+            except Exception:
+                # Claimed but not sent: their leases expire and the reaper fires them again.
+                log.exception("publishing %d claimed jobs failed; the reaper will re-fire them", len(runs or ()))
+            finally:
+                self.queue.task_done()

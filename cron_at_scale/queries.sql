@@ -3,6 +3,19 @@
 -- Every time comes from the database clock, never from a node: statement_timestamp()
 -- (not now(), which is frozen at the start of a surrounding transaction).
 
+-- name: claim_settings
+-- Run first in each claim transaction (SET LOCAL: that transaction only).
+-- synchronous_commit off: a claim lost in a crash of PostgreSQL itself only
+-- puts its jobs back to pending; their messages already sent find no
+-- 'dispatched' attempt (or lose the race to the re-fired one) and are
+-- skipped, so nothing runs twice and nothing is missed. Saves a WAL flush
+-- per batch.
+-- enable_sort off: due rows come in fire_at order straight from the partial
+-- index and the scan stops after the batch; a table without statistics yet
+-- (a fresh burst) would otherwise be planned as "read every due row, sort,
+-- keep 1000", at every batch of the burst.
+SET LOCAL synchronous_commit = off; SET LOCAL enable_sort = off;
+
 -- name: claim
 -- Claim up to %(limit)s jobs due within %(lookahead)s seconds, of the shards
 -- this dispatcher holds, in ONE statement: lock them (skipping rows another
@@ -76,10 +89,42 @@ FROM unnest(%(a_job_ids)s::uuid[], %(a_attempts)s::int[], %(a_scheduled)s::times
      AS r(job_id, attempt, scheduled_at, outcome);
 
 -- name: start_attempt
--- A worker starts an attempt: one statement. Only a 'dispatched' attempt
--- starts, so a redelivered message (already started) or a superseded one
--- (reaped) returns no row and is skipped. A job cancelled since its claim is
--- recorded as a cancelled attempt and not run.
+-- A worker starts an attempt, and writes the succeeded attempts its process
+-- handed over since its last write: one statement, one round trip per task.
+-- Only a 'dispatched' attempt starts, so a redelivered message (already
+-- started) or a superseded one (reaped) returns no row and is skipped. A job
+-- cancelled since its claim is recorded as a cancelled attempt and not run.
+-- The process's writer thread runs this with job_id NULL (starts nothing)
+-- when no task follows within a few ms.
+-- The succeeded attempts: closed, and a one-off job still on that attempt
+-- completed; same rules as finish_attempt (an attempt whose job was
+-- cancelled meanwhile ends 'cancelled').
+-- Asynchronous commit (this statement only): the commit is visible to every
+-- other session at once, which is what skips a redelivered message; only its
+-- durability waits for the WAL writer (< 1 s). If PostgreSQL itself crashes
+-- in that window, a job started or finished in it may run again after its
+-- lease: at-least-once.
+SET LOCAL synchronous_commit = off;
+WITH done AS (
+    UPDATE cron_at_scale_jobattempt AS a
+    SET finished_at = statement_timestamp(),
+        outcome = CASE WHEN j.status = 'cancelled' THEN 'cancelled' ELSE 'succeeded' END
+    FROM unnest(%(done_job_ids)s::uuid[], %(done_attempts)s::int[]) AS r(job_id, attempt), cron_at_scale_job AS j
+    WHERE a.job_id = r.job_id AND a.attempt = r.attempt AND a.finished_at IS NULL AND j.id = a.job_id
+    RETURNING a.job_id, a.attempt
+), completed AS (
+    UPDATE cron_at_scale_job AS j
+    SET status = CASE WHEN j.schedule_type = 'once' THEN 'completed' ELSE j.status END,
+        -- a recurring job with a buffered occurrence (overlap buffer_one) is due now
+        fire_at = CASE WHEN j.schedule_type = 'once' THEN j.fire_at ELSE statement_timestamp() END,
+        locked_by = CASE WHEN j.schedule_type = 'once' THEN '' ELSE j.locked_by END,
+        locked_until = CASE WHEN j.schedule_type = 'once' THEN NULL ELSE j.locked_until END,
+        updated_at = statement_timestamp()
+    FROM done
+    WHERE j.id = done.job_id AND (
+        (j.schedule_type = 'once' AND j.status = 'in_progress' AND j.attempts = done.attempt)
+        OR (j.schedule_type <> 'once' AND j.status = 'pending' AND j.buffered_at IS NOT NULL))
+)
 UPDATE cron_at_scale_jobattempt AS a
 SET started_at = statement_timestamp(),
     outcome = CASE WHEN j.status = 'cancelled' THEN 'cancelled' ELSE 'running' END,
@@ -98,8 +143,7 @@ RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retr
 -- 'cancelled' whatever the task returned (cooperative cancellation).
 -- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
 -- crashes in the next few ms this write is lost, the attempt's lease expires
--- and the job runs again as a new attempt (at-least-once). start_attempt
--- stays synchronous: it is what stops one attempt from running twice.
+-- and the job runs again as a new attempt (at-least-once).
 SET LOCAL synchronous_commit = off;
 WITH a AS (
     UPDATE cron_at_scale_jobattempt AS a
@@ -128,8 +172,7 @@ WHERE j.id = a.job_id AND (
 -- whose job was cancelled meanwhile ends 'cancelled' and the job stays so.
 -- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
 -- crashes in the next few ms this write is lost, the attempt's lease expires
--- and the job runs again as a new attempt (at-least-once). start_attempt
--- stays synchronous: it is what stops one attempt from running twice.
+-- and the job runs again as a new attempt (at-least-once).
 SET LOCAL synchronous_commit = off;
 WITH a AS (
     UPDATE cron_at_scale_jobattempt AS a
@@ -153,8 +196,7 @@ WHERE j.id = a.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress'
 -- were cancelled meanwhile.
 -- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
 -- crashes in the next few ms this write is lost, the attempt's lease expires
--- and the job runs again as a new attempt (at-least-once). start_attempt
--- stays synchronous: it is what stops one attempt from running twice.
+-- and the job runs again as a new attempt (at-least-once).
 SET LOCAL synchronous_commit = off;
 WITH hb AS (
     UPDATE cron_at_scale_jobattempt AS a
@@ -313,8 +355,7 @@ ON CONFLICT (shard) DO NOTHING;
 -- A task's JSON return value, kept on its attempt (Django Tasks results).
 -- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
 -- crashes in the next few ms this write is lost, the attempt's lease expires
--- and the job runs again as a new attempt (at-least-once). start_attempt
--- stays synchronous: it is what stops one attempt from running twice.
+-- and the job runs again as a new attempt (at-least-once).
 SET LOCAL synchronous_commit = off;
 UPDATE cron_at_scale_jobattempt SET result = %(result)s::jsonb
 WHERE job_id = %(job_id)s AND attempt = %(attempt)s;

@@ -12,9 +12,10 @@ such a message the middleware
    starts nothing and is skipped; a job cancelled since its claim is recorded
    as a cancelled attempt and skipped),
 2. keeps the attempt's lease alive with a heartbeat while the task runs,
-3. runs the task, then records the outcome: a one-off job ``completed``; an
-   error retried with backoff (a database state, never a Celery ETA) or
-   ``failed`` and announced on the dead-letter queue.
+3. runs the task, then records the outcome: a one-off job ``completed``
+   (written with the process's next start, see ``AttemptWriter``); an error
+   retried with backoff (a database state, never a Celery ETA) or ``failed``
+   and announced on the dead-letter queue.
 
 Messages without the header (``task.delay()``) run exactly as before.
 """
@@ -27,6 +28,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import traceback as tb
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -35,13 +37,17 @@ from uuid import UUID
 
 from celery import Task
 from celery.exceptions import Ignore
-from celery.signals import worker_init
+from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 from django.db import connections
 
 from . import conf, db, metrics, retry
 from .publish import HEADER
 
 log = logging.getLogger(__name__)
+
+# Seconds a completion waits for the process's next start_attempt to carry it
+# before the writer thread writes it on its own.
+COMPLETION_DELAY = 0.05
 
 
 @dataclass
@@ -93,34 +99,87 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-class Heartbeat:
-    """A thread per worker process extending the leases of its running attempts.
+class AttemptWriter:
+    """What a worker process writes besides a task's start: its completions and heartbeats.
 
-    Uses its own database connection (Django's are per thread); every
-    ``HEARTBEAT_INTERVAL`` seconds one statement renews all leases and reports
-    jobs cancelled meanwhile, which flips their ``cancel_requested``.
+    * A succeeded attempt is handed over (``completed``) and written with the
+      process's next ``start_attempt``, in the same statement: one round trip
+      per task. If no task follows within ``COMPLETION_DELAY`` seconds, this
+      object's thread writes it (the same statement, starting nothing).
+    * Every ``HEARTBEAT_INTERVAL`` seconds one statement renews the leases of
+      the attempts running in this process and reports jobs cancelled
+      meanwhile, which flips their ``cancel_requested``.
+
+    The thread uses its own database connection (Django's are per thread). A
+    completion not yet written when the process dies is not lost work: its
+    attempt's lease expires and the job runs again (at-least-once), as if the
+    worker had died while running it. A task that kills its process does so
+    after its start, which wrote the completions before it. The worker
+    flushes at shutdown.
     """
 
     def __init__(self):
         self.running: dict[tuple[str, int], JobContext] = {}
-        self.lock = threading.Lock()
+        self.done: list[tuple[str, int]] = []
+        self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
-        self.pid = None
+        self.pid: int | None = None
+        self.stopping = threading.Event()
+
+    def _start(self) -> None:  # under self.cond; a forked child starts its own thread
+        if self.thread is None or self.pid != os.getpid() or not self.thread.is_alive():
+            if self.pid is not None and self.pid != os.getpid():
+                self.done = []  # a forked child's copy of its parent's queue: the parent's to write
+            self.pid = os.getpid()
+            self.stopping.clear()
+            self.thread = threading.Thread(target=self._loop, name="cron_at_scale-writer", daemon=True)
+            self.thread.start()
 
     def add(self, ctx: JobContext) -> None:
-        with self.lock:
+        with self.cond:
             self.running[(str(ctx.job_id), ctx.attempt)] = ctx
-            if self.thread is None or self.pid != os.getpid() or not self.thread.is_alive():
-                self.pid = os.getpid()
-                self.thread = threading.Thread(target=self._loop, name="cron_at_scale-heartbeat", daemon=True)
-                self.thread.start()
+            self._start()
 
     def remove(self, ctx: JobContext) -> None:
-        with self.lock:
+        with self.cond:
             self.running.pop((str(ctx.job_id), ctx.attempt), None)
 
+    def completed(self, job_id: str, attempt: int) -> None:
+        """Hand over a succeeded attempt: the next start (or this thread) writes it."""
+        with self.cond:
+            self._start()
+            self.done.append((job_id, attempt))
+            self.cond.notify()
+
+    def start(self, job_id: str, attempt: int, worker: str):
+        """Start ``attempt`` of ``job_id`` and write the completions handed over so far, in one
+        statement; its row (outcome, scheduled_at, ...) or None if this attempt is not to run."""
+        return self._write(job_id, attempt, worker)
+
+    def flush(self) -> int:
+        """Write the completions handed over so far (one statement); return how many.
+        On a database error they stay queued and the error is raised."""
+        with self.cond:
+            n = len(self.done)
+        if n:
+            self._write(None, 0, "")
+        return n
+
+    def _write(self, job_id: str | None, attempt: int, worker: str):
+        with self.cond:
+            batch, self.done = self.done, []
+        try:
+            return db.run("start_attempt", {
+                "job_id": job_id, "attempt": attempt, "worker": worker, "lease": float(conf.get("RUN_LEASE")),
+                "done_job_ids": [b[0] for b in batch], "done_attempts": [b[1] for b in batch],
+            }, fetch="one")
+        except BaseException:
+            with self.cond:
+                self.done[:0] = batch
+            raise
+
     def beat(self) -> None:
-        with self.lock:
+        with self.cond:
             items = list(self.running.items())
         if not items:
             return
@@ -136,16 +195,50 @@ class Heartbeat:
 
     def _loop(self) -> None:
         interval = float(conf.get("HEARTBEAT_INTERVAL"))
-        stop = threading.Event()
-        while not stop.wait(interval):
-            try:
-                self.beat()
-            except Exception:  # keep beating: a database blip must not end the heartbeat
-                log.exception("heartbeat failed")
+        next_beat = time.monotonic() + interval
+        while not self.stopping.is_set():
+            with self.cond:
+                if not self.done:
+                    self.cond.wait(max(0.0, next_beat - time.monotonic()))
+            if self.done and not self.stopping.is_set():  # the next task's start may carry them
+                self.stopping.wait(COMPLETION_DELAY)
+            try:  # keep going: a database blip must end neither the writes nor the heartbeat
+                self.flush()
+            except Exception:
+                log.exception("writing completed attempts failed; trying again")
                 db.reset_connection()
+                time.sleep(0.5)
+            if time.monotonic() >= next_beat:
+                next_beat = time.monotonic() + interval
+                try:
+                    self.beat()
+                except Exception:
+                    log.exception("heartbeat failed")
+                    db.reset_connection()
+        connections.close_all()  # this thread's own
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Write what is queued, end the thread and close its connection (worker shutdown, tests)."""
+        self.stopping.set()
+        with self.cond:
+            self.cond.notify()
+        if self.thread is not None and self.pid == os.getpid():
+            self.thread.join(timeout)
+        if self.done:
+            self.flush()
 
 
-heartbeat = Heartbeat()
+writer = AttemptWriter()
+
+
+@worker_process_shutdown.connect
+@worker_shutdown.connect
+def _flush_at_shutdown(**kwargs) -> None:
+    if writer.pid == os.getpid():
+        try:
+            writer.stop()
+        except Exception:  # the leases expire and the jobs run again: at-least-once
+            log.exception("could not write %d completed attempts at shutdown", len(writer.done))
 
 
 @worker_init.connect
@@ -188,8 +281,7 @@ class JobTask(Task):
 def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
     job_id, attempt = meta["job_id"], int(meta["attempt"])
     me = worker_name()
-    row = db.run("start_attempt", {"job_id": job_id, "attempt": attempt, "worker": me,
-                                   "lease": float(conf.get("RUN_LEASE"))}, fetch="one")
+    row = writer.start(job_id, attempt, me)
     if row is None:
         log.info("skipping job %s attempt %d: already started or superseded", job_id, attempt)
         raise Ignore()
@@ -201,7 +293,7 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
     ctx = JobContext(UUID(job_id), attempt, scheduled_at, schedule_type, retries, max_retries,
                      cancel_requested, me, _json(options), _occurrence(meta, scheduled_at))
     token = _current.set(ctx)
-    heartbeat.add(ctx)
+    writer.add(ctx)
     task.request.retries = retries  # as Celery's own retries would show it
     # Celery's autoretry_for wrapper would retry with an ETA message; the
     # middleware handles those exceptions itself (a database state).
@@ -213,11 +305,15 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
             raise Ignore() from exc  # retried: a database state, not a Celery failure
         raise
     finally:
-        heartbeat.remove(ctx)
+        writer.remove(ctx)
         _current.reset(token)
         _drop_broken_connections()
-    db.run("finish_attempt", {"job_id": job_id, "attempt": attempt, "outcome": "succeeded",
-                              "status": "completed", "error": "", "traceback": ""}, fetch="count")
+    if task.request.is_eager or any(c.in_atomic_block for c in connections.all(initialized_only=True)):
+        # task.apply() or a call inside a transaction: the caller reads the outcome next
+        db.run("finish_attempt", {"job_id": job_id, "attempt": attempt, "outcome": "succeeded",
+                                  "status": "completed", "error": "", "traceback": ""}, fetch="count")
+    else:
+        writer.completed(job_id, attempt)
     metrics.observe_outcome("succeeded")
     return result
 

@@ -39,6 +39,9 @@ def test_one_off_delayed_cron_cancelled_and_failing_jobs_reach_their_final_state
 
     wait_until(settled, timeout=60, what="one-off jobs to finish")
     wait_until(lambda: executions(cron) >= 3, timeout=30, what="three cron runs")
+    # A run's completion is written by its worker's background thread, a few ms after the run.
+    wait_until(lambda: JobAttempt.objects.filter(job_id=cron.id, outcome="succeeded").count() >= 3, timeout=10,
+               what="three cron runs recorded")
     assert cron_at_scale.cancel(cron.id)
 
     assert executions(now) == executions(delayed) == 1

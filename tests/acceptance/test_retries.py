@@ -75,6 +75,7 @@ def test_a_failed_cron_occurrence_does_not_stop_the_schedule(system):
     wait_for_workers(system.app, ["w1"])
     job = cron_at_scale.schedule("demo.tasks.fail", kwargs={"times": 2}, cron="* * * * * *", max_retries=0)
     wait_until(lambda: Execution.objects.filter(job_id=job.id).exists(), timeout=30, what="a later occurrence to run")
+    wait_until(lambda: "succeeded" in outcomes(job), timeout=10, what="its success to be recorded")
     cron_at_scale.cancel(job.id)
     got = outcomes(job)
     assert got[:2] == ["failed", "failed"] and "succeeded" in got

@@ -158,7 +158,8 @@ def test_worker_statements_are_prepared_and_survive_a_session_reset():
 
     job = cron_at_scale.schedule(noop)
     Dispatcher(name="p").claim()
-    row = db.run("start_attempt", {"job_id": str(job.id), "attempt": 1, "worker": "w", "lease": 60.0}, fetch="one")
+    row = db.run("start_attempt", {"job_id": str(job.id), "attempt": 1, "worker": "w", "lease": 60.0,
+                                   "done_job_ids": [], "done_attempts": []}, fetch="one")
     assert row is not None
     assert sql("SELECT count(*) FROM pg_prepared_statements WHERE name = 'cas_start_attempt'")[0][0] == 1
     sql("DEALLOCATE ALL")  # what a pooler's DISCARD ALL does behind our back
