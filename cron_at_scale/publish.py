@@ -75,7 +75,7 @@ class Claimed:
         if isinstance(payload, str):
             payload = json.loads(payload)
         if isinstance(options, str):
-            options = json.loads(options)
+            options = {} if options == "{}" else json.loads(options)
         return cls(row[0], row[1], row[2], row[3], row[4], row[5], row[6], payload, row[8], options)
 
 

@@ -98,10 +98,14 @@ def test_a_job_cancelled_after_its_claim_is_skipped_and_recorded(system):
 
 
 def test_four_dispatcher_processes_claim_20000_due_jobs_exactly_once(system):
-    cron_at_scale.schedule_many([{"task": "demo.tasks.noop"} for _ in range(20_000)])
     for i in range(4):
         # A long lease: no worker runs these, and the reaper must not re-fire them.
         system.dispatcher(f"d{i}", extra=["--lease", "600"])
+    # The jobs go in once all four hold shards: one dispatcher alone claims 20,000 in about a second.
+    wait_until(lambda: sql("SELECT count(DISTINCT owner) FROM cron_at_scale_shardlease "
+                           "WHERE owner <> '' AND expires_at > statement_timestamp()")[0][0] == 4,
+               timeout=60, what="four dispatchers holding shards")
+    cron_at_scale.schedule_many([{"task": "demo.tasks.noop"} for _ in range(20_000)])
     wait_until(lambda: not Job.objects.filter(status="pending").exists(), timeout=120, what="all jobs claimed")
     system.stop()
     rows = sql("SELECT count(*), count(DISTINCT job_id), max(attempt) FROM cron_at_scale_jobattempt")
