@@ -178,7 +178,9 @@ def _task_name(task: Any, registered: set[str] | None = None) -> str:
     if registered is not None and name in registered:
         return name
     if conf.get("VALIDATE_TASK_NAMES") and not is_registered(name):
-        raise ValidationError("task", f"{_show(name)} is not a registered Celery task")
+        raise ValidationError("task", f"{_show(name)} is not a registered Celery task (is the module that defines it "
+                                      "imported by your Celery app, and the app by your project's __init__.py? "
+                                      "or pass the task object itself)")
     if registered is not None:
         registered.add(name)
     return name

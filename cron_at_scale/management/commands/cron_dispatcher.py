@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import sys
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
@@ -60,7 +61,14 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         level = logging.INFO if opts["verbosity"] >= 2 else logging.WARNING
-        logging.getLogger("cron_at_scale").setLevel(level)
+        logger = logging.getLogger("cron_at_scale")
+        logger.setLevel(level)
+        if level == logging.INFO and not _shows(logger, logging.INFO):
+            # A project without LOGGING has only Python's last-resort handler (warnings and up):
+            # -v 2 would print nothing more.
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+            logger.addHandler(handler)
         try:
             dispatcher = Dispatcher(name=opts["name"], batch_size=opts["batch_size"],
                                     poll_interval=opts["poll_interval"], lease=opts["lease"], shards=opts["shards"])
@@ -79,3 +87,13 @@ class Command(BaseCommand):
             raise CommandError(f"the dispatcher stopped on a database error: {e}") from e
         if opts["verbosity"] >= 1:
             self.stdout.write(f"dispatcher {dispatcher.name} stopped: {dispatcher.published_total} jobs published")
+
+
+def _shows(logger: logging.Logger, level: int) -> bool:
+    """True if a handler on ``logger``'s way up would emit a record of ``level``."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(h.level <= level for h in current.handlers):
+            return True
+        current = current.parent if current.propagate else None
+    return False
