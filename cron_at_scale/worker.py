@@ -151,6 +151,12 @@ class AttemptWriter:
             self.done.append((job_id, attempt))
             self.cond.notify()
 
+    def write_now(self, job_id: str, attempt: int) -> None:
+        """Write a succeeded attempt now, on this thread (with any handed over before it)."""
+        with self.cond:
+            self.done.append((job_id, attempt))
+        self.flush()
+
     def start(self, job_id: str, attempt: int, worker: str):
         """Start ``attempt`` of ``job_id`` and write the completions handed over so far, in one
         statement; its row (outcome, scheduled_at, ...) or None if this attempt is not to run."""
@@ -309,9 +315,7 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
         _current.reset(token)
         _drop_broken_connections()
     if task.request.is_eager or any(c.in_atomic_block for c in connections.all(initialized_only=True)):
-        # task.apply() or a call inside a transaction: the caller reads the outcome next
-        db.run("finish_attempt", {"job_id": job_id, "attempt": attempt, "outcome": "succeeded",
-                                  "status": "completed", "error": "", "traceback": ""}, fetch="count")
+        writer.write_now(job_id, attempt)  # task.apply() or inside a transaction: the caller reads it next
     else:
         writer.completed(job_id, attempt)
     metrics.observe_outcome("succeeded")
