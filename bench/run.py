@@ -70,6 +70,10 @@ SIZES = {
 OVERHEAD_QUEUES = ("bench_plain", "bench_scheduled")  # one each: a BRPOP in flight at cancel_consumer takes no message of the other
 CEILING_LIST = "bench_ceiling"
 TASK = "demo.tasks.noop"
+# A UUIDv7 (RFC 9562) in SQL, as cron_at_scale.ids makes job ids: PostgreSQL 15 has no uuidv7().
+UUID7_SQL = ("encode(set_byte(overlay(uuid_send(gen_random_uuid()) placing substring(int8send("
+             "(extract(epoch FROM clock_timestamp()) * 1000)::bigint) FROM 3) FROM 1 FOR 6), 6, "
+             "(get_byte(uuid_send(gen_random_uuid()), 6) & 15) | 112), 'hex')::uuid")
 
 
 def say(*args) -> None:
@@ -156,7 +160,7 @@ class Bench:
     def insert_due(self, n: int, queue: str = "") -> None:
         """``n`` one-off jobs, all due at one instant (one statement, so one commit makes them all due)."""
         self.q("""INSERT INTO cron_at_scale_job (id, fire_at, task, payload, options, queue)
-                  SELECT gen_random_uuid(), statement_timestamp() - interval '1 millisecond', %s,
+                  SELECT """ + UUID7_SQL + """, statement_timestamp() - interval '1 millisecond', %s,
                          jsonb_build_object('args', jsonb_build_array(i), 'kwargs', '{}'::jsonb), '{}', %s
                   FROM generate_series(1, %s) AS i""", [TASK, queue, n])
 
@@ -333,7 +337,7 @@ class Bench:
             for start in range(0, rest, 1_000_000):
                 chunk = min(1_000_000, rest - start)
                 self.q("""INSERT INTO cron_at_scale_job (id, fire_at, task, payload, options)
-                          SELECT gen_random_uuid(), %s + make_interval(secs => (i %% 2592000)),
+                          SELECT """ + UUID7_SQL + """, %s + make_interval(secs => (i %% 2592000)),
                                  %s, jsonb_build_object('args', jsonb_build_array(i), 'kwargs', '{}'::jsonb), '{}'
                           FROM generate_series(%s, %s) AS i""", [base, TASK, many + start, many + start + chunk - 1])
                 say(f"  {many + start + chunk:,} future jobs ({time.perf_counter() - t0:.0f}s)")

@@ -7,11 +7,11 @@ scheduler sets is a ``timestamptz`` from the database clock
 
 from __future__ import annotations
 
-import uuid
-
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
+
+from .ids import new_job_id
 
 
 class Status(models.TextChoices):
@@ -69,7 +69,7 @@ class Job(models.Model):
     ``pending`` for its whole life; each occurrence runs as a ``JobAttempt``.
     """
 
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    id = models.UUIDField(primary_key=True, default=new_job_id, editable=False)  # UUIDv7: time-ordered
     schedule_type = models.CharField(max_length=8, choices=ScheduleType.choices, db_default=ScheduleType.ONCE)
     fire_at = models.DateTimeField(help_text="Next time the job is due (UTC).")
     cron_expr = models.CharField(max_length=200, blank=True, db_default="")
@@ -100,11 +100,12 @@ class Job(models.Model):
     missed_occurrences = models.PositiveIntegerField(db_default=0)
     skipped_occurrences = models.PositiveIntegerField(db_default=0)
     pause_note = models.TextField(blank=True, db_default="")
-    # Which shard the job belongs to, from its id (dispatchers lease shards to split the work).
+    # Which shard the job belongs to, from the random last 32 bits of its id
+    # (dispatchers lease shards to split the work).
     shard = models.GeneratedField(
         expression=models.Func(
             models.F("id"),
-            template="((('x' || substr(replace(%(expressions)s::text, '-', ''), 1, 8))::bit(32)::int "
+            template="((('x' || right(%(expressions)s::text, 8))::bit(32)::int "
                      f"& 2147483647) %% {NUM_SHARDS})",
         ),
         output_field=models.SmallIntegerField(),

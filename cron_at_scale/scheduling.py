@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import json
 import math
-import os
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -26,6 +25,7 @@ from . import conf
 from . import cron as cronlib
 from .app import is_registered
 from .exceptions import ValidationError
+from .ids import job_ids, new_job_id
 from .models import DEFAULT_CATCHUP_WINDOW, LIVE_STATUSES, Catchup, Job, Overlap, ScheduleType, Status
 from .recurrence import Recurrence
 from .sql import QUERIES
@@ -247,7 +247,7 @@ def build_job(
         raise ValidationError("tz", f"must be an IANA time zone name, got {_show(tz, 40)}")
 
     recurring = cron is not None or every is not None
-    job_id = uuid.uuid4()
+    job_id = new_job_id()
     policy = _check_policy(recurring, catchup, catchup_window, overlap, jitter)
     if every is not None:
         every = _seconds("every", every, minimum=0.001)
@@ -482,7 +482,7 @@ class _FastRows:
         self.queues: set[str] = set()
         self.zones: set[str] = set()
         self.limit = conf.get("MAX_PAYLOAD_BYTES")
-        self.ids = _uuid4s()
+        self.ids = job_ids()
 
     def row(self, spec: Mapping[str, Any]) -> tuple | None:
         if type(spec) is not dict or not spec.keys() <= _FAST_KEYS:
@@ -558,31 +558,6 @@ def _job_row(job: Job) -> tuple:
             _dumps(job.payload), _dumps(job.options),
             (str(job.schedule_type), job.cron_expr, job.interval, job.occurrence_at, str(job.catchup),
              job.catchup_window, str(job.overlap), job.jitter))
-
-
-_VERSION_4 = bytes((b & 0x0F) | 0x40 for b in range(256))  # byte 6 of a UUID: version 4
-_VARIANT_RFC = bytes((b & 0x3F) | 0x80 for b in range(256))  # byte 8: the RFC 4122 variant
-
-
-def _uuid4s(batch: int = 4096) -> Iterator[uuid.UUID]:
-    """Random UUIDs exactly as ``uuid.uuid4()`` makes them, from ``os.urandom`` a batch at a time."""
-    while True:
-        raw = bytearray(os.urandom(16 * batch))
-        raw[6::16] = raw[6::16].translate(_VERSION_4)
-        raw[8::16] = raw[8::16].translate(_VARIANT_RFC)
-        for start in range(0, len(raw), 16):
-            yield _uuid(int.from_bytes(raw[start : start + 16]))
-
-
-_UNKNOWN_SAFETY = uuid.SafeUUID.unknown
-
-
-def _uuid(value: int) -> uuid.UUID:
-    """``uuid.UUID(int=value)`` without its argument checks (~1 µs), as CPython 3.14's ``UUID._from_int``."""
-    u = object.__new__(uuid.UUID)
-    object.__setattr__(u, "int", value)
-    object.__setattr__(u, "is_safe", _UNKNOWN_SAFETY)
-    return u
 
 
 # Columns that are the same for every job are left to their database defaults (retries, attempts, ...).

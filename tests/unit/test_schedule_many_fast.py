@@ -85,7 +85,7 @@ def test_returned_jobs_are_saved_jobs():
         for field in Job._meta.concrete_fields:
             if field.attname not in UNCOMPARED or field.attname == "id":
                 assert getattr(job, field.attname) == getattr(row, field.attname), field.attname
-        assert isinstance(job.id, uuid.UUID) and job.id.version == 4 and job.id.variant == uuid.RFC_4122
+        assert isinstance(job.id, uuid.UUID) and job.id.version == 7 and job.id.variant == uuid.RFC_4122
         assert job.created_at == row.created_at and job.shard == row.shard  # deferred: read on first use
         assert str(job) == str(row)
     assert len({job.id for job in jobs}) == len(jobs)
