@@ -28,8 +28,12 @@ _PARAM = re.compile(r"%\((\w+)\)s")
 _SET_LOCAL = "SET LOCAL synchronous_commit = off;"
 # Left to itself PostgreSQL keeps planning these per execution (their array
 # parameters make each custom plan look cheaper): ~1 ms of planning against
-# ~0.1 ms of execution. Their generic plans are primary-key lookups.
-_GENERIC = "SET LOCAL plan_cache_mode = force_generic_plan;"
+# ~0.1 ms of execution. Their one generic plan, made at the first EXECUTE, must
+# be index lookups driven by the few (job, attempt) pairs of the parameters,
+# whatever the statistics said then: planned on a table that looked small, a
+# hash join read every unfinished attempt at every task (O(jobs in flight)).
+_GENERIC = ("SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; "
+            "SET LOCAL enable_bitmapscan = off; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;")
 _templates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # raw connection -> {name: EXECUTE text}
 
 

@@ -109,8 +109,17 @@ WITH done AS (
     UPDATE cron_at_scale_jobattempt AS a
     SET finished_at = statement_timestamp(),
         outcome = CASE WHEN j.status = 'cancelled' THEN 'cancelled' ELSE 'succeeded' END
-    FROM unnest(%(done_job_ids)s::uuid[], %(done_attempts)s::int[]) AS r(job_id, attempt), cron_at_scale_job AS j
-    WHERE a.job_id = r.job_id AND a.attempt = r.attempt AND a.finished_at IS NULL AND j.id = a.job_id
+    FROM cron_at_scale_job AS j
+    -- Driven by the pairs given: LATERAL ... LIMIT 1, then primary-key lookups. Written
+    -- as a join, its generic plan (made once per connection) could scan every unfinished
+    -- attempt at every task, planned when the table looked small. "Unfinished" is said
+    -- by outcome here (the same rows as finished_at IS NULL) so that the partial index
+    -- on unfinished attempts does not look like a shortcut to the planner.
+    WHERE a.id = ANY(ARRAY(
+        SELECT o.id FROM unnest(%(done_job_ids)s::uuid[], %(done_attempts)s::int[]) AS r(job_id, attempt)
+        CROSS JOIN LATERAL (SELECT id FROM cron_at_scale_jobattempt
+                            WHERE job_id = r.job_id AND attempt = r.attempt LIMIT 1) AS o))
+      AND a.outcome IN ('dispatched', 'running') AND j.id = a.job_id
     RETURNING a.job_id, a.attempt
 ), completed AS (
     UPDATE cron_at_scale_job AS j
@@ -201,8 +210,11 @@ SET LOCAL synchronous_commit = off;
 WITH hb AS (
     UPDATE cron_at_scale_jobattempt AS a
     SET locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
-    FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[]) AS r(job_id, attempt)
-    WHERE a.job_id = r.job_id AND a.attempt = r.attempt AND a.finished_at IS NULL
+    WHERE a.id = ANY(ARRAY(  -- driven by the pairs given, as start_attempt's "done"
+        SELECT o.id FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[]) AS r(job_id, attempt)
+        CROSS JOIN LATERAL (SELECT id FROM cron_at_scale_jobattempt
+                            WHERE job_id = r.job_id AND attempt = r.attempt LIMIT 1) AS o))
+      AND a.outcome IN ('dispatched', 'running')
     RETURNING a.job_id, a.attempt, a.locked_until
 ), jobs AS (
     UPDATE cron_at_scale_job AS j

@@ -106,3 +106,37 @@ def test_a_failed_write_keeps_the_completions_queued_until_the_database_takes_th
     assert writer.done == []
     assert set(outcomes().values()) == {("succeeded", "completed")}
 
+
+
+def _rows_read_from_attempts(name: str, params: dict) -> int:
+    """Run prepared statement ``name`` under EXPLAIN ANALYZE, as the worker sends it; the most
+    rows any one scan of the attempt table returned."""
+    template = db._templates[connection.connection][name]
+    with connection.cursor() as cur:
+        cur.execute(template.replace("EXECUTE", "EXPLAIN (ANALYZE, COSTS off) EXECUTE"), params)
+        plan = [r[0] for r in cur.fetchall()]
+    scans = [int(line.rsplit("rows=", 1)[1].split()[0]) for line in plan
+             if "Scan" in line and "cron_at_scale_jobattempt" in line and "actual" in line]
+    assert scans, plan
+    return max(scans)
+
+
+def test_worker_statements_read_only_the_attempts_they_name_whatever_the_statistics(started):
+    """Their one generic plan is made at the first EXECUTE of a connection. Made while the
+    table looked empty, a plain join was planned as a scan of every unfinished attempt,
+    run at every task: O(jobs in flight) per task."""
+    sql("ANALYZE cron_at_scale_jobattempt")  # the statistics of an empty table
+    connection.close()  # a new connection: plans are made afresh
+    writer = worker.AttemptWriter()
+    assert writer.start("00000000-0000-7000-8000-000000000000", 1, "w") is None  # prepared and planned now
+    db.run("heartbeat", {"lease": 60.0, "job_ids": [], "attempts": []})
+    runs = started(1500)  # then 1,500 attempts in flight
+    (job_id, attempt), (next_id, next_attempt) = runs[0], runs[1]
+    sql("UPDATE cron_at_scale_jobattempt SET outcome = 'dispatched', started_at = NULL WHERE job_id = %s", [next_id])
+    read = _rows_read_from_attempts("start_attempt", {
+        "job_id": next_id, "attempt": next_attempt, "worker": "w", "lease": 60.0,
+        "done_job_ids": [job_id], "done_attempts": [attempt]})
+    assert read <= 2
+    assert _rows_read_from_attempts("heartbeat", {"lease": 60.0, "job_ids": [runs[2][0]], "attempts": [runs[2][1]]}) <= 2
+    assert {(str(a.job_id), a.outcome) for a in JobAttempt.objects.filter(job_id__in=[job_id, next_id])} == {
+        (job_id, "succeeded"), (next_id, "running")}
