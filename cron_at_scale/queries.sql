@@ -144,7 +144,7 @@ FROM cron_at_scale_job AS j
 WHERE a.job_id = %(job_id)s AND a.attempt = %(attempt)s AND a.outcome = 'dispatched'
   AND j.id = a.job_id
 RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retries, j.max_retries, j.options,
-          a.started_at;
+          a.started_at, j.created_at;
 
 -- name: finish_attempt
 -- Close an attempt and, for a one-off job still on this attempt, set its

@@ -291,8 +291,9 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
     if row is None:
         log.info("skipping job %s attempt %d: already started or superseded", job_id, attempt)
         raise Ignore()
-    outcome, scheduled_at, schedule_type, cancel_requested, retries, max_retries, options, started_at = row
-    metrics.observe_start((started_at - scheduled_at).total_seconds())  # database clock on both ends
+    outcome, scheduled_at, schedule_type, cancel_requested, retries, max_retries, options, started_at, created = row
+    # firing lag, database clock on both ends; from the job's creation if it was scheduled at a past time
+    metrics.observe_start((started_at - max(scheduled_at, created)).total_seconds())
     if outcome == "cancelled":
         log.info("skipping job %s attempt %d: cancelled", job_id, attempt)
         raise Ignore()

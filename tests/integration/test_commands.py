@@ -129,3 +129,26 @@ def test_help(command):
     out = StringIO()
     with pytest.raises(SystemExit):
         call_command(command, "--help", stdout=out)
+
+
+@pytest.mark.django_db
+def test_firing_lag_of_a_job_scheduled_at_a_past_time_counts_from_its_creation(monkeypatch):
+    """A job scheduled ``at=`` a time long past is due at once; it was not late for 26 years."""
+    from datetime import datetime, timezone
+
+    from cron_at_scale import status, worker
+    from cron_at_scale.dispatcher import Dispatcher
+
+    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: len(batch))
+    past = cron_at_scale.schedule(noop, at=datetime(2000, 1, 1, tzinfo=timezone.utc))
+    late = cron_at_scale.schedule(noop)
+    sql("UPDATE cron_at_scale_job SET created_at = created_at - interval '40 seconds', "
+        "fire_at = fire_at - interval '30 seconds' WHERE id = %s", [late.id])  # known 40 s ago, due 30 s ago
+    claimed = Dispatcher(name="t", shards="all").claim()
+    assert {c.job_id for c in claimed} == {past.id, late.id}
+    for c in claimed:
+        assert worker.AttemptWriter().start(str(c.job_id), c.attempt, "w")[0] == "running"
+    lags = sorted(status.recent_lags())
+    assert len(lags) == 2 and 0 <= lags[0] < 5 and 30 <= lags[1] < 40
+    figures = json.loads(run("cron_status", "--json")[0])
+    assert 30 <= figures["lag_seconds"]["max"] < 40
