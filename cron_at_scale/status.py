@@ -27,7 +27,14 @@ DLQ_CAP = 1_000_000  # the dead-letter queue is worth counting further
 LAG_SAMPLE = 10_000  # latest attempts the lag percentiles are computed over
 # Firing lag: from when the attempt was due, or from when its job was created if that
 # is later (a job scheduled at a time already past was not late before anyone asked).
-LAG_SQL = "extract(epoch FROM a.started_at - greatest(a.scheduled_at, j.created_at))::float8"
+_RECENT_LAGS = """
+    FROM (
+        SELECT extract(epoch FROM a.started_at - greatest(a.scheduled_at, j.created_at))::float8 AS lag, a.started_at
+        FROM (SELECT job_id, scheduled_at, started_at FROM cron_at_scale_jobattempt ORDER BY id DESC LIMIT %s) AS a
+        LEFT JOIN cron_at_scale_job AS j ON j.id = a.job_id
+    ) AS recent
+    WHERE started_at >= statement_timestamp() - make_interval(secs => %s)
+"""
 DEFAULT_WINDOW = 300.0  # seconds of attempts the lag figures cover
 DISPATCHER_SEEN = 60.0  # seconds: a dispatcher that claimed or polled within this is alive
 BUCKETS = ("overdue", "next_minute", "next_hour", "next_day", "later")
@@ -104,13 +111,7 @@ def _lag(cur, window: float) -> tuple[dict[str, float | None], int]:
         SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
                percentile_cont(0.99) WITHIN GROUP (ORDER BY lag),
                max(lag), count(*)
-        FROM (
-            SELECT %s AS lag, a.started_at
-            FROM (SELECT job_id, scheduled_at, started_at FROM cron_at_scale_jobattempt ORDER BY id DESC LIMIT %%s) AS a
-            LEFT JOIN cron_at_scale_job AS j ON j.id = a.job_id
-        ) AS recent
-        WHERE started_at >= statement_timestamp() - make_interval(secs => %%s)
-        """ % LAG_SQL,
+        """ + _RECENT_LAGS,
         [LAG_SAMPLE, window],
     )
     p50, p99, top, n = cur.fetchone()
@@ -120,18 +121,7 @@ def _lag(cur, window: float) -> tuple[dict[str, float | None], int]:
 def recent_lags(window: float = DEFAULT_WINDOW) -> list[float]:
     """Firing lags (seconds) of the latest attempts started within ``window`` seconds (bounded sample)."""
     with connection.cursor() as cur:
-        cur.execute(
-            """
-            SELECT lag FROM (
-                SELECT %s AS lag, a.started_at
-                FROM (SELECT job_id, scheduled_at, started_at FROM cron_at_scale_jobattempt
-                      ORDER BY id DESC LIMIT %%s) AS a
-                LEFT JOIN cron_at_scale_job AS j ON j.id = a.job_id
-            ) AS recent
-            WHERE started_at >= statement_timestamp() - make_interval(secs => %%s)
-            """ % LAG_SQL,
-            [LAG_SAMPLE, window],
-        )
+        cur.execute("SELECT lag " + _RECENT_LAGS, [LAG_SAMPLE, window])
         return [r[0] for r in cur.fetchall()]
 
 
