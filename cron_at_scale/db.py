@@ -28,13 +28,24 @@ _PARAM = re.compile(r"%\((\w+)\)s")
 _SET_LOCAL = "SET LOCAL synchronous_commit = off;"
 # Left to itself PostgreSQL keeps planning these per execution (their array
 # parameters make each custom plan look cheaper): ~1 ms of planning against
-# ~0.1 ms of execution. Their one generic plan, made at the first EXECUTE, must
-# be index lookups driven by the few (job, attempt) pairs of the parameters,
-# whatever the statistics said then: planned on a table that looked small, a
-# hash join read every unfinished attempt at every task (O(jobs in flight)).
+# ~0.1 ms of execution. Their generic plan should reach each row by primary key
+# or (job_id, attempt), never by a scan of the table (statements written
+# without joins, sequential and bitmap scans off): a plan that scans is
+# O(table) at every task.
 _GENERIC = ("SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; "
-            "SET LOCAL enable_bitmapscan = off; SET LOCAL enable_hashjoin = off; SET LOCAL enable_mergejoin = off;")
-_templates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # raw connection -> {name: EXECUTE text}
+            "SET LOCAL enable_bitmapscan = off;")
+# Statements that begin with SET LOCALs meant for their own implicit transaction: their text without them.
+# (claim_settings is only SET LOCALs, for the claim's transaction: not one of them.)
+_OWN_SETTINGS = {name: text[len(_SET_LOCAL):].strip() for name, text in QUERIES.items()
+                 if text.startswith(_SET_LOCAL) and not text[len(_SET_LOCAL):].lstrip().startswith("SET ")}
+# The generic plan is made at the first EXECUTE after a PREPARE, for the tables as
+# they were then (their current size, the statistics' density): the statements are
+# prepared again every REPLAN_EVERY executions or REPLAN_SECONDS, so a plan made
+# while the tables were empty (a fresh deployment, a TRUNCATE), when PostgreSQL's
+# choice of index is a coin toss, does not outlive their growth.
+REPLAN_EVERY = 200
+REPLAN_SECONDS = 30.0
+_templates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # raw connection -> {name: [EXECUTE text, body, runs, prepared at]}
 
 
 def _execute_prepared(cur, name: str, params: dict) -> None:
@@ -50,8 +61,8 @@ def _execute_prepared(cur, name: str, params: dict) -> None:
 def _execute_prepared_once(cur, name: str, params: dict) -> None:
     raw = connection.connection
     cache = _templates.setdefault(raw, {})
-    template = cache.get(name)
-    if template is None:
+    entry = cache.get(name)
+    if entry is None:
         text = QUERIES[name]
         prefix = ""
         if text.startswith(_SET_LOCAL):
@@ -66,8 +77,12 @@ def _execute_prepared_once(cur, name: str, params: dict) -> None:
                     [f"cas_{name}"])
         types = [r[0] for r in cur.fetchall()]
         args = ", ".join(f"%({n})s::{t}" for n, t in zip(names, types))
-        template = cache[name] = f"{prefix}{_GENERIC} EXECUTE cas_{name}({args})"
-    cur.execute(template, params)
+        entry = cache[name] = [f"{prefix}{_GENERIC} EXECUTE cas_{name}({args})", body, 0, time.monotonic()]
+    elif entry[2] >= REPLAN_EVERY or time.monotonic() - entry[3] > REPLAN_SECONDS:  # for the tables as they are now
+        cur.execute(f"DEALLOCATE cas_{name}; PREPARE cas_{name} AS {entry[1]}")
+        entry[2], entry[3] = 0, time.monotonic()
+    entry[2] += 1
+    cur.execute(entry[0], params)
 
 
 def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: int = 1):
@@ -80,7 +95,11 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
     for attempt in range(retries + 1):
         try:
             with connection.cursor() as cur:
-                if name in PREPARED and conf.get("PREPARED_STATEMENTS"):
+                if connection.in_atomic_block and name in _OWN_SETTINGS:
+                    # the caller's transaction (an eager run, a test): a SET LOCAL would
+                    # outlive this statement and change the caller's commit and plans
+                    cur.execute(_OWN_SETTINGS[name], params or {})
+                elif name in PREPARED and conf.get("PREPARED_STATEMENTS"):
                     _execute_prepared(cur, name, params or {})
                 else:
                     cur.execute(QUERIES[name], params or {})

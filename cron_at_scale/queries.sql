@@ -105,21 +105,22 @@ FROM unnest(%(a_job_ids)s::uuid[], %(a_attempts)s::int[], %(a_scheduled)s::times
 -- in that window, a job started or finished in it may run again after its
 -- lease: at-least-once.
 SET LOCAL synchronous_commit = off;
+-- Every table is reached by primary key or (job_id, attempt) from the pairs given,
+-- never through a join the planner could turn around: the statement's one generic
+-- plan (made at the first EXECUTE of a connection, maybe while the tables looked
+-- empty) must not walk an index or a table at every task.
 WITH done AS (
     UPDATE cron_at_scale_jobattempt AS a
     SET finished_at = statement_timestamp(),
-        outcome = CASE WHEN j.status = 'cancelled' THEN 'cancelled' ELSE 'succeeded' END
-    FROM cron_at_scale_job AS j
-    -- Driven by the pairs given: LATERAL ... LIMIT 1, then primary-key lookups. Written
-    -- as a join, its generic plan (made once per connection) could scan every unfinished
-    -- attempt at every task, planned when the table looked small. "Unfinished" is said
-    -- by outcome here (the same rows as finished_at IS NULL) so that the partial index
-    -- on unfinished attempts does not look like a shortcut to the planner.
+        outcome = CASE WHEN (SELECT j.status FROM cron_at_scale_job AS j WHERE j.id = a.job_id) = 'cancelled'
+                       THEN 'cancelled' ELSE 'succeeded' END
     WHERE a.id = ANY(ARRAY(
         SELECT o.id FROM unnest(%(done_job_ids)s::uuid[], %(done_attempts)s::int[]) AS r(job_id, attempt)
-        CROSS JOIN LATERAL (SELECT id FROM cron_at_scale_jobattempt
+        CROSS JOIN LATERAL (SELECT id FROM cron_at_scale_jobattempt  -- LIMIT 1: kept a lookup per pair
                             WHERE job_id = r.job_id AND attempt = r.attempt LIMIT 1) AS o))
-      AND a.outcome IN ('dispatched', 'running') AND j.id = a.job_id
+      -- unfinished (the same rows as finished_at IS NULL), said so that the partial
+      -- index on unfinished attempts does not look like a shortcut to the planner
+      AND a.outcome IN ('dispatched', 'running')
     RETURNING a.job_id, a.attempt
 ), completed AS (
     UPDATE cron_at_scale_job AS j
@@ -129,9 +130,9 @@ WITH done AS (
         locked_by = CASE WHEN j.schedule_type = 'once' THEN '' ELSE j.locked_by END,
         locked_until = CASE WHEN j.schedule_type = 'once' THEN NULL ELSE j.locked_until END,
         updated_at = statement_timestamp()
-    FROM done
-    WHERE j.id = done.job_id AND (
-        (j.schedule_type = 'once' AND j.status = 'in_progress' AND j.attempts = done.attempt)
+    WHERE j.id = ANY(ARRAY(SELECT job_id FROM done)) AND (
+        (j.schedule_type = 'once' AND j.status = 'in_progress'
+         AND j.attempts IN (SELECT d.attempt FROM done AS d WHERE d.job_id = j.id))
         OR (j.schedule_type <> 'once' AND j.status = 'pending' AND j.buffered_at IS NOT NULL))
 )
 UPDATE cron_at_scale_jobattempt AS a
@@ -210,20 +211,20 @@ SET LOCAL synchronous_commit = off;
 WITH hb AS (
     UPDATE cron_at_scale_jobattempt AS a
     SET locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
-    WHERE a.id = ANY(ARRAY(  -- driven by the pairs given, as start_attempt's "done"
+    WHERE a.id = ANY(ARRAY(  -- reached from the pairs given, as in start_attempt
         SELECT o.id FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[]) AS r(job_id, attempt)
         CROSS JOIN LATERAL (SELECT id FROM cron_at_scale_jobattempt
                             WHERE job_id = r.job_id AND attempt = r.attempt LIMIT 1) AS o))
       AND a.outcome IN ('dispatched', 'running')
-    RETURNING a.job_id, a.attempt, a.locked_until
+    RETURNING a.job_id, a.attempt
 ), jobs AS (
     UPDATE cron_at_scale_job AS j
-    SET locked_until = hb.locked_until
-    FROM hb
-    WHERE j.id = hb.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress' AND j.attempts = hb.attempt
+    SET locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
+    WHERE j.id = ANY(ARRAY(SELECT job_id FROM hb)) AND j.schedule_type = 'once' AND j.status = 'in_progress'
+      AND j.attempts IN (SELECT h.attempt FROM hb AS h WHERE h.job_id = j.id)
 )
-SELECT j.id FROM cron_at_scale_job AS j JOIN hb ON hb.job_id = j.id
-WHERE j.cancel_requested;
+SELECT j.id FROM cron_at_scale_job AS j
+WHERE j.id = ANY(ARRAY(SELECT job_id FROM hb)) AND j.cancel_requested;
 
 -- name: reap
 -- Attempts whose lease expired with nobody finishing them (a dead worker, a

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from demo.tasks import noop
 from django.db import connection, connections
@@ -108,35 +110,70 @@ def test_a_failed_write_keeps_the_completions_queued_until_the_database_takes_th
 
 
 
-def _rows_read_from_attempts(name: str, params: dict) -> int:
-    """Run prepared statement ``name`` under EXPLAIN ANALYZE, as the worker sends it; the most
-    rows any one scan of the attempt table returned."""
-    template = db._templates[connection.connection][name]
+def _plan(name: str, params: dict) -> list[str]:
+    """EXPLAIN ANALYZE prepared statement ``name`` exactly as the worker sends it."""
+    template = db._templates[connection.connection][name][0]
     with connection.cursor() as cur:
         cur.execute(template.replace("EXECUTE", "EXPLAIN (ANALYZE, COSTS off) EXECUTE"), params)
-        plan = [r[0] for r in cur.fetchall()]
-    scans = [int(line.rsplit("rows=", 1)[1].split()[0]) for line in plan
-             if "Scan" in line and "cron_at_scale_jobattempt" in line and "actual" in line]
-    assert scans, plan
-    return max(scans)
+        return [r[0] for r in cur.fetchall()]
 
 
-def test_worker_statements_read_only_the_attempts_they_name_whatever_the_statistics(started):
-    """Their one generic plan is made at the first EXECUTE of a connection. Made while the
-    table looked empty, a plain join was planned as a scan of every unfinished attempt,
-    run at every task: O(jobs in flight) per task."""
-    sql("ANALYZE cron_at_scale_jobattempt")  # the statistics of an empty table
-    connection.close()  # a new connection: plans are made afresh
+# How each table may be reached: by primary key, or an attempt by (job_id, attempt).
+LOOKUPS = {"cron_at_scale_job": {"cron_at_scale_job_pkey"},
+           "cron_at_scale_jobattempt": {"cron_at_scale_jobattempt_pkey", "cron_attempt_job_attempt"}}
+
+
+def _scans(plan: list[str]) -> list[tuple[str, str, int]]:
+    """(table, index, rows read: returned + removed by filter) of each scan node."""
+    out = []
+    for i, line in enumerate(plan):
+        m = re.search(r"(\w+ Scan)(?: using (\w+))? on (cron_at_scale_\w+).*rows=(\d+) loops=(\d+)", line)
+        if not m:
+            continue
+        removed = 0
+        for nxt in plan[i + 1:]:
+            if "->" in nxt:
+                break
+            r = re.search(r"Rows Removed by Filter: (\d+)", nxt)
+            removed += int(r.group(1)) if r else 0
+        out.append((m.group(3), m.group(2) or m.group(1), (int(m.group(4)) + removed) * int(m.group(5))))
+    return out
+
+
+def test_worker_statements_reach_rows_by_key_once_the_tables_have_grown(started, monkeypatch):
+    """Each statement's one generic plan is made for the tables as they are when it is prepared:
+    made while they were empty, PostgreSQL's pick of index is a coin toss (a walk of the whole
+    job table's admin index, of every attempt ever kept), and a plain join was planned as a
+    scan of every unfinished attempt. The statements are prepared again every REPLAN_EVERY
+    executions (or REPLAN_SECONDS); prepared on grown tables, they read only the rows named by
+    their parameters, through the primary key or (job_id, attempt)."""
+    sql("ANALYZE cron_at_scale_job")
+    sql("ANALYZE cron_at_scale_jobattempt")  # the statistics of empty tables
+    connection.close()
     writer = worker.AttemptWriter()
-    assert writer.start("00000000-0000-7000-8000-000000000000", 1, "w") is None  # prepared and planned now
+    assert writer.start("00000000-0000-7000-8000-000000000000", 1, "w") is None  # prepared on empty tables
     db.run("heartbeat", {"lease": 60.0, "job_ids": [], "attempts": []})
-    runs = started(1500)  # then 1,500 attempts in flight
-    (job_id, attempt), (next_id, next_attempt) = runs[0], runs[1]
-    sql("UPDATE cron_at_scale_jobattempt SET outcome = 'dispatched', started_at = NULL WHERE job_id = %s", [next_id])
-    read = _rows_read_from_attempts("start_attempt", {
-        "job_id": next_id, "attempt": next_attempt, "worker": "w", "lease": 60.0,
-        "done_job_ids": [job_id], "done_attempts": [attempt]})
-    assert read <= 2
-    assert _rows_read_from_attempts("heartbeat", {"lease": 60.0, "job_ids": [runs[2][0]], "attempts": [runs[2][1]]}) <= 2
-    assert {(str(a.job_id), a.outcome) for a in JobAttempt.objects.filter(job_id__in=[job_id, next_id])} == {
-        (job_id, "succeeded"), (next_id, "running")}
+    monkeypatch.setattr(db, "REPLAN_EVERY", 50)
+    runs = started(300)  # 300 started: start_attempt runs 300 times, so it was prepared again
+    (generic,), = sql("SELECT generic_plans FROM pg_prepared_statements WHERE name = 'cas_start_attempt'")
+    assert generic <= 50
+    for job_id, attempt in runs[:100]:  # 100 of them finished
+        writer.done.append((job_id, attempt))
+    writer.flush()
+    cron_at_scale.schedule_many([{"task": noop.name, "args": [i]} for i in range(2700)])
+    fresh = Dispatcher(name="t2", shards="all", batch_size=5000).claim()  # 2,700 more in flight
+    sql("ANALYZE cron_at_scale_job")
+    sql("ANALYZE cron_at_scale_jobattempt")  # as autovacuum does after such growth
+    monkeypatch.setattr(db, "REPLAN_SECONDS", 0.0)  # the statements measured below are prepared now
+    (done_id, done_attempt), nxt = runs[100], fresh[0]
+    start_plan = _plan("start_attempt", {"job_id": str(nxt.job_id), "attempt": nxt.attempt, "worker": "w",
+                                         "lease": 60.0, "done_job_ids": [done_id], "done_attempts": [done_attempt]})
+    beat_plan = _plan("heartbeat", {"lease": 60.0, "job_ids": [runs[101][0]], "attempts": [runs[101][1]]})
+    for plan in (start_plan, beat_plan):
+        scans = _scans(plan)
+        assert scans, plan
+        for table, index, read in scans:
+            if table in LOOKUPS:
+                assert index in LOOKUPS[table] and read <= 2, "\n".join(plan)
+    assert {(str(a.job_id), a.outcome) for a in JobAttempt.objects.filter(job_id__in=[done_id, nxt.job_id])} == {
+        (done_id, "succeeded"), (str(nxt.job_id), "running")}
