@@ -45,20 +45,20 @@ _OWN_SETTINGS = {name: text[len(_SET_LOCAL):].strip() for name, text in QUERIES.
 # choice of index is a coin toss, does not outlive their growth.
 REPLAN_EVERY = 200
 REPLAN_SECONDS = 30.0
-_templates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # raw connection -> {name: [EXECUTE text, body, runs, prepared at]}
+_templates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # raw connection -> {name: [SET LOCALs, EXECUTE, body, runs, prepared at]}
 
 
-def _execute_prepared(cur, name: str, params: dict) -> None:
+def _execute_prepared(cur, name: str, params: dict, bare: bool) -> None:
     try:
-        _execute_prepared_once(cur, name, params)
+        _execute_prepared_once(cur, name, params, bare)
     except ProgrammingError as e:  # the session lost its prepared statements (DISCARD ALL by a pooler)
         if f"cas_{name}" not in str(e) or connection.in_atomic_block:
             raise
         _templates.pop(connection.connection, None)
-        _execute_prepared_once(cur, name, params)
+        _execute_prepared_once(cur, name, params, bare)
 
 
-def _execute_prepared_once(cur, name: str, params: dict) -> None:
+def _execute_prepared_once(cur, name: str, params: dict, bare: bool) -> None:
     raw = connection.connection
     cache = _templates.setdefault(raw, {})
     entry = cache.get(name)
@@ -77,12 +77,12 @@ def _execute_prepared_once(cur, name: str, params: dict) -> None:
                     [f"cas_{name}"])
         types = [r[0] for r in cur.fetchall()]
         args = ", ".join(f"%({n})s::{t}" for n, t in zip(names, types))
-        entry = cache[name] = [f"{prefix}{_GENERIC} EXECUTE cas_{name}({args})", body, 0, time.monotonic()]
-    elif entry[2] >= REPLAN_EVERY or time.monotonic() - entry[3] > REPLAN_SECONDS:  # for the tables as they are now
-        cur.execute(f"DEALLOCATE cas_{name}; PREPARE cas_{name} AS {entry[1]}")
-        entry[2], entry[3] = 0, time.monotonic()
-    entry[2] += 1
-    cur.execute(entry[0], params)
+        entry = cache[name] = [f"{prefix}{_GENERIC} ", f"EXECUTE cas_{name}({args})", body, 0, time.monotonic()]
+    elif entry[3] >= REPLAN_EVERY or time.monotonic() - entry[4] > REPLAN_SECONDS:  # for the tables as they are now
+        cur.execute(f"DEALLOCATE cas_{name}; PREPARE cas_{name} AS {entry[2]}")
+        entry[3], entry[4] = 0, time.monotonic()
+    entry[3] += 1
+    cur.execute(entry[1] if bare else entry[0] + entry[1], params)
 
 
 def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: int = 1):
@@ -95,14 +95,13 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
     for attempt in range(retries + 1):
         try:
             with connection.cursor() as cur:
-                if connection.in_atomic_block and name in _OWN_SETTINGS:
-                    # the caller's transaction (an eager run, a test): a SET LOCAL would
-                    # outlive this statement and change the caller's commit and plans
-                    cur.execute(_OWN_SETTINGS[name], params or {})
-                elif name in PREPARED and conf.get("PREPARED_STATEMENTS"):
-                    _execute_prepared(cur, name, params or {})
+                # In the caller's transaction (an eager run, a test) a SET LOCAL would outlive
+                # this statement and change the caller's commit and plans: none is sent.
+                bare = connection.in_atomic_block and name in _OWN_SETTINGS
+                if name in PREPARED and conf.get("PREPARED_STATEMENTS"):
+                    _execute_prepared(cur, name, params or {}, bare)
                 else:
-                    cur.execute(QUERIES[name], params or {})
+                    cur.execute(_OWN_SETTINGS[name] if bare else QUERIES[name], params or {})
                 if fetch == "all":
                     return cur.fetchall()
                 if fetch == "one":
