@@ -92,7 +92,7 @@ FROM unnest(%(a_job_ids)s::uuid[], %(a_attempts)s::int[], %(a_scheduled)s::times
 -- A worker starts an attempt, and writes the succeeded attempts its process
 -- handed over since its last write: one statement, one round trip per task.
 -- Only a 'dispatched' attempt starts, so a redelivered message (already
--- started) or a superseded one (reaped) returns no row and is skipped. A job
+-- started) or a superseded one returns no row and is skipped. A job
 -- cancelled since its claim is recorded as a cancelled attempt and not run.
 -- The process's writer thread runs this with job_id NULL (starts nothing)
 -- when no task follows within a few ms.
@@ -134,6 +134,25 @@ WITH done AS (
         (j.schedule_type = 'once' AND j.status = 'in_progress'
          AND j.attempts IN (SELECT d.attempt FROM done AS d WHERE d.job_id = j.id))
         OR (j.schedule_type <> 'once' AND j.status = 'pending' AND j.buffered_at IS NOT NULL))
+), target AS (
+    -- The attempt to start: the message's own if still 'dispatched'. If it was marked
+    -- lost before any worker started it (its dispatch lease ran out while it waited in
+    -- a long queue) and the job fired again, this message takes over the next attempt
+    -- still 'dispatched' (of the same occurrence, for a recurring job; none started in
+    -- between): the job runs now, not a whole queue later, and that attempt's own
+    -- message finds it started and is skipped.
+    SELECT CASE WHEN r.outcome = 'dispatched' THEN r.id ELSE (
+               SELECT t.id FROM cron_at_scale_jobattempt AS t
+               WHERE t.job_id = r.job_id AND t.attempt > r.attempt AND t.outcome = 'dispatched'
+                 AND (rj.schedule_type = 'once' OR t.scheduled_at = r.scheduled_at)
+                 AND NOT EXISTS (SELECT 1 FROM cron_at_scale_jobattempt AS x
+                                 WHERE x.job_id = r.job_id AND x.attempt > r.attempt AND x.attempt < t.attempt
+                                   AND x.started_at IS NOT NULL
+                                   AND (rj.schedule_type = 'once' OR x.scheduled_at = r.scheduled_at))
+               ORDER BY t.attempt LIMIT 1) END AS id
+    FROM cron_at_scale_jobattempt AS r, cron_at_scale_job AS rj
+    WHERE r.job_id = %(job_id)s AND r.attempt = %(attempt)s AND rj.id = %(job_id)s
+      AND (r.outcome = 'dispatched' OR (r.outcome = 'lost' AND r.started_at IS NULL))
 )
 UPDATE cron_at_scale_jobattempt AS a
 SET started_at = statement_timestamp(),
@@ -142,10 +161,10 @@ SET started_at = statement_timestamp(),
     worker = %(worker)s,
     locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
 FROM cron_at_scale_job AS j
-WHERE a.job_id = %(job_id)s AND a.attempt = %(attempt)s AND a.outcome = 'dispatched'
-  AND j.id = a.job_id
+WHERE a.id = (SELECT id FROM target)
+  AND a.outcome = 'dispatched' AND j.id = a.job_id
 RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retries, j.max_retries, j.options,
-          a.started_at, j.created_at;
+          a.started_at, j.created_at, a.attempt;
 
 -- name: finish_attempt
 -- Close an attempt and, for a one-off job still on this attempt, set its

@@ -291,7 +291,10 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
     if row is None:
         log.info("skipping job %s attempt %d: already started or superseded", job_id, attempt)
         raise Ignore()
-    outcome, scheduled_at, schedule_type, cancel_requested, retries, max_retries, options, started_at, created = row
+    outcome, scheduled_at, schedule_type, cancel_requested, retries, max_retries, options, started_at, created, started = row
+    if started != attempt:  # this message was reaped in the queue; it runs the attempt that re-fired it
+        log.info("job %s: message of attempt %d (lease ran out in the queue) runs attempt %d", job_id, attempt, started)
+        attempt = started
     # firing lag, database clock on both ends; from the job's creation if it was scheduled at a past time
     metrics.observe_start((started_at - max(scheduled_at, created)).total_seconds())
     if outcome == "cancelled":

@@ -167,3 +167,65 @@ def test_worker_statements_are_prepared_and_survive_a_session_reset():
     assert db.run("finish_attempt", {"job_id": str(job.id), "attempt": 1, "outcome": "succeeded",
                                      "status": "completed", "error": "", "traceback": ""}, fetch="count") == 1
     assert Job.objects.get(id=job.id).status == "completed"
+
+
+def _start(job_id, attempt: int):
+    from cron_at_scale import worker
+
+    row = worker.AttemptWriter().start(str(job_id), attempt, "w")
+    return None if row is None else (row[0], row[-1])  # (outcome, the attempt started)
+
+
+def test_a_message_reaped_in_the_queue_runs_the_attempt_that_fired_it_again(dispatcher):
+    """A backlog longer than the dispatch lease: attempt 1's message was still queued when its lease
+    ran out, and the job fired again as attempt 2. Attempt 1's message, first in the queue, starts
+    attempt 2 (the job runs now, not a whole queue later); attempt 2's own message is then skipped."""
+    job = cron_at_scale.schedule(noop)
+    dispatcher.claim()
+    expire_leases()  # not started: lost in the queue
+    assert dispatcher.reap() == 1
+    assert [c.attempt for c in dispatcher.claim()] == [2]
+    assert _start(job.id, 1) == ("running", 2)
+    assert _start(job.id, 2) is None  # its own message, later in the queue
+    assert _start(job.id, 1) is None  # a redelivered copy of the first
+    attempts = dict(JobAttempt.objects.filter(job_id=job.id).values_list("attempt", "outcome"))
+    assert attempts == {1: "lost", 2: "running"}
+
+
+def test_only_a_message_lost_before_any_start_takes_over(dispatcher):
+    job = cron_at_scale.schedule(noop)
+    dispatcher.claim()
+    expire_leases(started=True)  # attempt 1 ran, and its worker died
+    assert dispatcher.reap() == 1
+    dispatcher.claim()
+    assert _start(job.id, 1) is None  # a redelivery of the dead run's message runs nothing
+    assert _start(job.id, 2) == ("running", 2)
+
+
+def test_a_reaped_cron_runs_message_takes_over_the_same_occurrence_only(dispatcher):
+    job = cron_at_scale.schedule(noop, cron="* * * * * *", overlap="allow")
+    sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - interval '1 second', occurrence_at = "
+        "statement_timestamp() - interval '1 second'")
+    dispatcher.claim()  # occurrence t: attempt 1
+    expire_leases()
+    assert dispatcher.reap() == 1  # occurrence t fired again as attempt 2
+    sql("UPDATE cron_at_scale_jobattempt SET scheduled_at = scheduled_at - interval '1 minute' WHERE attempt = 1")
+    assert _start(job.id, 1) is None  # attempt 2 is another occurrence's run now: not attempt 1's to take
+    sql("UPDATE cron_at_scale_jobattempt SET scheduled_at = scheduled_at + interval '1 minute' WHERE attempt = 1")
+    assert _start(job.id, 1) == ("running", 2)
+
+
+def test_a_late_message_never_takes_over_a_retry_waiting_for_its_backoff(dispatcher):
+    job = cron_at_scale.schedule(noop)
+    dispatcher.claim()
+    expire_leases()
+    dispatcher.reap()  # attempt 1 lost in the queue
+    dispatcher.claim()
+    assert _start(job.id, 2) == ("running", 2)  # attempt 2 ran, failed, and is retried
+    from cron_at_scale import db
+
+    db.run("retry_attempt", {"job_id": str(job.id), "attempt": 2, "error": "e", "traceback": "", "delay": 0.0},
+           fetch="count")
+    dispatcher.claim()  # attempt 3, the retry, dispatched
+    assert _start(job.id, 1) is None  # attempt 1's message, redelivered late: attempt 2 started in between
+    assert _start(job.id, 3) == ("running", 3)
