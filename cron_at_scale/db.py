@@ -14,7 +14,15 @@ import re
 import time
 import weakref
 
-from django.db import InterfaceError, OperationalError, ProgrammingError, close_old_connections, connection
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    InterfaceError,
+    OperationalError,
+    ProgrammingError,
+    close_old_connections,
+    connection,
+    connections,
+)
 
 from . import conf
 from .sql import QUERIES
@@ -48,18 +56,18 @@ REPLAN_SECONDS = 30.0
 _templates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # raw connection -> {name: [SET LOCALs, EXECUTE, body, runs, prepared at]}
 
 
-def _execute_prepared(cur, name: str, params: dict, bare: bool) -> None:
+def _execute_prepared(cur, conn, name: str, params: dict, bare: bool) -> None:
     try:
-        _execute_prepared_once(cur, name, params, bare)
-    except ProgrammingError as e:  # the session lost its prepared statements (DISCARD ALL by a pooler)
-        if f"cas_{name}" not in str(e) or connection.in_atomic_block:
+        _execute_prepared_once(cur, conn, name, params, bare)
+    except (ProgrammingError, conn.Database.ProgrammingError) as e:  # the session lost its prepared
+        if f"cas_{name}" not in str(e) or conn.in_atomic_block:  # statements (DISCARD ALL by a pooler)
             raise
-        _templates.pop(connection.connection, None)
-        _execute_prepared_once(cur, name, params, bare)
+        _templates.pop(conn.connection, None)
+        _execute_prepared_once(cur, conn, name, params, bare)
 
 
-def _execute_prepared_once(cur, name: str, params: dict, bare: bool) -> None:
-    raw = connection.connection
+def _execute_prepared_once(cur, conn, name: str, params: dict, bare: bool) -> None:
+    raw = conn.connection
     cache = _templates.setdefault(raw, {})
     entry = cache.get(name)
     if entry is None:
@@ -92,21 +100,27 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
     and the statement tried again ``retries`` times. Only for statements that
     are safe to repeat (each of ours is conditional on the row's state).
     """
+    conn = connections[DEFAULT_DB_ALIAS]
     for attempt in range(retries + 1):
         try:
-            with connection.cursor() as cur:
-                # In the caller's transaction (an eager run, a test) a SET LOCAL would outlive
-                # this statement and change the caller's commit and plans: none is sent.
-                bare = connection.in_atomic_block and name in _OWN_SETTINGS
-                if name in PREPARED and conf.get("PREPARED_STATEMENTS"):
-                    _execute_prepared(cur, name, params or {}, bare)
-                else:
-                    cur.execute(_OWN_SETTINGS[name] if bare else QUERIES[name], params or {})
-                if fetch == "all":
-                    return cur.fetchall()
-                if fetch == "one":
-                    return cur.fetchone()
-                return cur.rowcount
+            # In the caller's transaction (an eager run, a test) a SET LOCAL would outlive
+            # this statement and change the caller's commit and plans: none is sent.
+            bare = conn.in_atomic_block and name in _OWN_SETTINGS
+            if name in PREPARED and conf.get("PREPARED_STATEMENTS"):
+                # The driver's own cursor (as Django's backend makes it), without Django's
+                # wrappers: per task, they cost more Python than the statement does.
+                conn.ensure_connection()
+                conn.validate_no_broken_transaction()
+                with conn.wrap_database_errors:
+                    cur = conn.create_cursor()
+                    try:
+                        _execute_prepared(cur, conn, name, params or {}, bare)
+                        return _fetch(cur, fetch)
+                    finally:
+                        cur.close()
+            with conn.cursor() as cur:
+                cur.execute(_OWN_SETTINGS[name] if bare else QUERIES[name], params or {})
+                return _fetch(cur, fetch)
         except (OperationalError, InterfaceError):
             if attempt == retries:
                 raise
@@ -114,6 +128,14 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
             reset_connection()
             time.sleep(0.2 * (attempt + 1))
     return None
+
+
+def _fetch(cur, fetch: str):
+    if fetch == "all":
+        return cur.fetchall()
+    if fetch == "one":
+        return cur.fetchone()
+    return cur.rowcount
 
 
 def reset_connection() -> None:

@@ -229,3 +229,18 @@ def test_a_late_message_never_takes_over_a_retry_waiting_for_its_backoff(dispatc
     dispatcher.claim()  # attempt 3, the retry, dispatched
     assert _start(job.id, 1) is None  # attempt 1's message, redelivered late: attempt 2 started in between
     assert _start(job.id, 3) == ("running", 3)
+
+
+@pytest.mark.django_db(transaction=True)  # autocommit, as in a worker: inside a transaction the error aborts it
+def test_worker_statements_are_prepared_again_when_the_session_lost_them():
+    from cron_at_scale import db
+
+    job = cron_at_scale.schedule(noop)
+    Dispatcher(name="p").claim()
+    assert db.run("heartbeat", {"lease": 60.0, "job_ids": [], "attempts": []}) == []  # prepared: cas_heartbeat
+    assert db.run("start_attempt", {"job_id": str(job.id), "attempt": 1, "worker": "w", "lease": 60.0,
+                                    "done_job_ids": [], "done_attempts": []}, fetch="one")[0] == "running"
+    sql("DEALLOCATE ALL")  # a pooler's DISCARD ALL, behind our back: our cache still says prepared
+    assert db.run("finish_attempt", {"job_id": str(job.id), "attempt": 1, "outcome": "succeeded",
+                                     "status": "completed", "error": "", "traceback": ""}, fetch="count") == 1
+    assert Job.objects.get(id=job.id).status == "completed"
