@@ -59,8 +59,8 @@ _templates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # raw conne
 def _execute_prepared(cur, conn, name: str, params: dict, bare: bool) -> None:
     try:
         _execute_prepared_once(cur, conn, name, params, bare)
-    except (ProgrammingError, conn.Database.ProgrammingError) as e:  # the session lost its prepared
-        if f"cas_{name}" not in str(e) or conn.in_atomic_block:  # statements (DISCARD ALL by a pooler)
+    except ProgrammingError as e:  # the session lost its prepared statements (DISCARD ALL by a pooler)
+        if f"cas_{name}" not in str(e) or conn.in_atomic_block:
             raise
         _templates.pop(conn.connection, None)
         _execute_prepared_once(cur, conn, name, params, bare)
@@ -106,20 +106,11 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
             # In the caller's transaction (an eager run, a test) a SET LOCAL would outlive
             # this statement and change the caller's commit and plans: none is sent.
             bare = conn.in_atomic_block and name in _OWN_SETTINGS
-            if name in PREPARED and conf.get("PREPARED_STATEMENTS"):
-                # The driver's own cursor (as Django's backend makes it), without Django's
-                # wrappers: per task, they cost more Python than the statement does.
-                conn.ensure_connection()
-                conn.validate_no_broken_transaction()
-                with conn.wrap_database_errors:
-                    cur = conn.create_cursor()
-                    try:
-                        _execute_prepared(cur, conn, name, params or {}, bare)
-                        return _fetch(cur, fetch)
-                    finally:
-                        cur.close()
             with conn.cursor() as cur:
-                cur.execute(_OWN_SETTINGS[name] if bare else QUERIES[name], params or {})
+                if name in PREPARED and conf.get("PREPARED_STATEMENTS"):
+                    _execute_prepared(cur, conn, name, params or {}, bare)
+                else:
+                    cur.execute(_OWN_SETTINGS[name] if bare else QUERIES[name], params or {})
                 return _fetch(cur, fetch)
         except (OperationalError, InterfaceError):
             if attempt == retries:
