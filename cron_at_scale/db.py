@@ -13,6 +13,7 @@ import logging
 import re
 import time
 import weakref
+from dataclasses import dataclass, field
 
 from django.db import (
     DEFAULT_DB_ALIAS,
@@ -53,7 +54,21 @@ _OWN_SETTINGS = {name: text[len(_SET_LOCAL):].strip() for name, text in QUERIES.
 # choice of index is a coin toss, does not outlive their growth.
 REPLAN_EVERY = 200
 REPLAN_SECONDS = 30.0
-_templates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # raw connection -> {name: [SET LOCALs, EXECUTE, body, runs, prepared at]}
+_templates: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # raw connection -> {name: _Prepared}
+
+
+@dataclass
+class _Prepared:
+    """A worker statement as PREPAREd on one connection."""
+
+    settings: str  # its SET LOCALs, sent with each EXECUTE outside a caller's transaction
+    execute: str  # EXECUTE cas_<name>(%(param)s::type, ...)
+    body: str  # the PREPAREd text, to prepare it again
+    runs: int = 0
+    prepared_at: float = field(default_factory=time.monotonic)
+
+    def sql(self, bare: bool) -> str:
+        return self.execute if bare else self.settings + self.execute
 
 
 def _execute_prepared(cur, conn, name: str, params: dict, bare: bool) -> None:
@@ -67,14 +82,10 @@ def _execute_prepared(cur, conn, name: str, params: dict, bare: bool) -> None:
 
 
 def _execute_prepared_once(cur, conn, name: str, params: dict, bare: bool) -> None:
-    raw = conn.connection
-    cache = _templates.setdefault(raw, {})
+    cache = _templates.setdefault(conn.connection, {})
     entry = cache.get(name)
     if entry is None:
-        text = QUERIES[name]
-        prefix = ""
-        if text.startswith(_SET_LOCAL):
-            prefix, text = _SET_LOCAL + " ", text[len(_SET_LOCAL):].strip()
+        text = _OWN_SETTINGS.get(name, QUERIES[name])
         names: list[str] = []
         for found in _PARAM.findall(text):
             if found not in names:
@@ -85,12 +96,13 @@ def _execute_prepared_once(cur, conn, name: str, params: dict, bare: bool) -> No
                     [f"cas_{name}"])
         types = [r[0] for r in cur.fetchall()]
         args = ", ".join(f"%({n})s::{t}" for n, t in zip(names, types))
-        entry = cache[name] = [f"{prefix}{_GENERIC} ", f"EXECUTE cas_{name}({args})", body, 0, time.monotonic()]
-    elif entry[3] >= REPLAN_EVERY or time.monotonic() - entry[4] > REPLAN_SECONDS:  # for the tables as they are now
-        cur.execute(f"DEALLOCATE cas_{name}; PREPARE cas_{name} AS {entry[2]}")
-        entry[3], entry[4] = 0, time.monotonic()
-    entry[3] += 1
-    cur.execute(entry[1] if bare else entry[0] + entry[1], params)
+        settings = f"{_SET_LOCAL} {_GENERIC} " if name in _OWN_SETTINGS else f"{_GENERIC} "
+        entry = cache[name] = _Prepared(settings, f"EXECUTE cas_{name}({args})", body)
+    elif entry.runs >= REPLAN_EVERY or time.monotonic() - entry.prepared_at > REPLAN_SECONDS:
+        cur.execute(f"DEALLOCATE cas_{name}; PREPARE cas_{name} AS {entry.body}")  # for the tables as they are now
+        entry.runs, entry.prepared_at = 0, time.monotonic()
+    entry.runs += 1
+    cur.execute(entry.sql(bare), params)
 
 
 def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: int = 1):

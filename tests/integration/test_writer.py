@@ -112,7 +112,7 @@ def test_a_failed_write_keeps_the_completions_queued_until_the_database_takes_th
 
 def _plan(name: str, params: dict) -> list[str]:
     """EXPLAIN ANALYZE prepared statement ``name`` exactly as the worker sends it."""
-    template = "".join(db._templates[connection.connection][name][:2])
+    template = db._templates[connection.connection][name].sql(bare=False)
     with connection.cursor() as cur:
         cur.execute(template.replace("EXECUTE", "EXPLAIN (ANALYZE, COSTS off) EXECUTE"), params)
         return [r[0] for r in cur.fetchall()]
