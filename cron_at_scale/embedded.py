@@ -191,6 +191,22 @@ def _redact(url: str) -> str:
     return parts._replace(netloc=netloc, query=query).geturl()
 
 
+def _split_host_port(entry: str, url: str) -> tuple[str, str]:
+    """One netloc host entry ``host``, ``host:port``, ``[ipv6]`` or ``[ipv6]:port`` -> (host, port)."""
+    if entry.startswith("["):
+        end = entry.find("]")
+        if end == -1:
+            raise ValueError(f"DATABASE_URL has an unterminated IPv6 address: {_redact(url)}")
+        rest = entry[end + 1 :]
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"DATABASE_URL has a malformed host: {_redact(url)}")
+        return entry[1:end], rest[1:]
+    if entry.count(":") == 1:
+        host, port = entry.split(":")
+        return host, port
+    return entry, ""
+
+
 def database_url_to_django(url: str, **overrides: Any) -> dict:
     """Turn a PostgreSQL URL into a Django ``DATABASES`` entry.
 
@@ -233,20 +249,11 @@ def database_url_to_django(url: str, **overrides: Any) -> dict:
     if userinfo:
         user, sep, password = userinfo.partition(":")
         user, password = unquote(user), unquote(password)
-    host, port = hostinfo, ""
-    if hostinfo.startswith("["):  # [ipv6]:port
-        end = hostinfo.find("]")
-        if end == -1:
-            raise ValueError(f"DATABASE_URL has an unterminated IPv6 address: {_redact(url)}")
-        host = hostinfo[1:end]
-        rest = hostinfo[end + 1 :]
-        if rest.startswith(":"):
-            port = rest[1:]
-        elif rest:
-            raise ValueError(f"DATABASE_URL has a malformed host: {_redact(url)}")
-    elif "," not in hostinfo and hostinfo.count(":") == 1:
-        host, port = hostinfo.split(":")
-    host = unquote(host)
+    # Several hosts ("h1:p1,h2:p2", libpq's multi-host form for failover) become libpq's
+    # host list "h1,h2" and port list "p1,p2": libpq does not read a port inside a host entry.
+    entries = [_split_host_port(entry, url) for entry in hostinfo.split(",")]
+    host = ",".join(unquote(h) for h, _ in entries)
+    port = ",".join(p for _, p in entries) if any(p for _, p in entries) else ""
 
     name = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
     options: dict[str, str] = {}
@@ -266,7 +273,8 @@ def database_url_to_django(url: str, **overrides: Any) -> dict:
 
     if port:
         # Several hosts may carry several ports ("5432,5433"), as libpq allows.
-        if not all(p.strip().isdigit() for p in port.split(",")):
+        # An empty entry of a list means that host's default port.
+        if not all(p.strip().isdigit() or ("," in port and not p.strip()) for p in port.split(",")):
             raise ValueError(f"DATABASE_URL has an invalid port {port!r}: {_redact(url)}")
         port = ",".join(p.strip() for p in port.split(","))
     if not name:

@@ -93,10 +93,31 @@ def test_ipv6_host():
     assert database_url_to_django("postgresql://[fe80::1]/db")["HOST"] == "fe80::1"
 
 
-def test_multiple_hosts_are_passed_through():
+def test_multiple_hosts_become_libpq_host_and_port_lists():
+    # libpq reads no port inside a host entry ("h1:5432" is looked up as a host name).
     cfg = database_url_to_django("postgresql://u@h1:5432,h2:5433/db?target_session_attrs=read-write")
-    assert cfg["HOST"] == "h1:5432,h2:5433"
+    assert (cfg["HOST"], cfg["PORT"]) == ("h1,h2", "5432,5433")
     assert cfg["OPTIONS"] == {"target_session_attrs": "read-write"}
+    cfg = database_url_to_django("postgresql://u@h1,[::1]:5433,%2Ftmp/db")
+    assert (cfg["HOST"], cfg["PORT"]) == ("h1,::1,/tmp", ",5433,")
+    assert database_url_to_django("postgresql://u@h1,h2/db")["PORT"] == ""
+
+
+def test_multiple_hosts_reach_a_real_server():
+    """The parsed lists connect: the same local server twice, as Django passes HOST/PORT to the driver."""
+    import psycopg2
+
+    base = os.environ.get("DATABASE_URL", "")
+    if not base.startswith(("postgres://", "postgresql://")):
+        pytest.skip("DATABASE_URL names no PostgreSQL server")
+    one = database_url_to_django(base)
+    if not one["HOST"] or "," in one["HOST"] or one["HOST"].startswith("/"):
+        pytest.skip("DATABASE_URL is not a single TCP host")
+    entry = f"{one['HOST']}:{one['PORT'] or 5432}"
+    cfg = database_url_to_django(f"postgresql://{entry},{entry}/postgres?target_session_attrs=read-write")
+    conn = psycopg2.connect(host=cfg["HOST"], port=cfg["PORT"], dbname=cfg["NAME"], user=one["USER"] or "postgres",
+                            password=one["PASSWORD"] or None, connect_timeout=5, **cfg["OPTIONS"])
+    conn.close()
 
 
 def test_query_params_go_to_options():
