@@ -113,6 +113,11 @@ class PrivatePostgres:
         self.dir = Path(tempfile.mkdtemp(prefix="caf-pg-", dir="/tmp"))
         self.data = self.dir / "data"
         self.log = self.dir / "postgres.log"
+        # Extended by tests/nemesis: more listen addresses (network namespaces), pg_hba lines
+        # appended after initdb, and extra "-c" server options (streaming replication).
+        self.listen = "127.0.0.1"
+        self.hba_extra: list[str] = []
+        self.extra_opts = ""
         if self.user is not None:
             os.chown(self.dir, self.user.pw_uid, self.user.pw_gid)
         os.chmod(self.dir, 0o755)
@@ -127,12 +132,15 @@ class PrivatePostgres:
         if not self.data.exists():
             self._run(str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust",
                       "-E", "UTF8", "--no-sync")
-        opts = (f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c max_connections=300 "
+            if self.hba_extra:
+                with open(self.data / "pg_hba.conf", "a") as f:
+                    f.write("".join(line + "\n" for line in self.hba_extra))
+        opts = (f"-p {self.port} -k {self.dir} -c listen_addresses={self.listen} -c max_connections=300 "
                 # fsync off: fast, and a crash of PostgreSQL (not of the OS) still loses no flushed
                 # commit. synchronous_commit stays on, as on a real server: the tasks' own writes
                 # (demo_execution) are durable once committed; the statements of ours that commit
                 # asynchronously say so themselves (SET LOCAL), and are what a crash may lose.
-                "-c fsync=off -c full_page_writes=off")
+                "-c fsync=off -c full_page_writes=off" + (f" {self.extra_opts}" if self.extra_opts else ""))
         try:
             self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-o", opts, "-w",
                       "-t", "60", "start")
@@ -145,6 +153,10 @@ class PrivatePostgres:
         # -l again: without it the new postmaster writes to (and holds open) our stdout pipe.
         self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.log), "-m", mode, "-w", "-t", "60",
                   "restart")
+
+    def halt(self, mode: str = "immediate") -> None:
+        """``pg_ctl stop -m <mode>`` keeping the data directory (``start()`` brings it back)."""
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop")
 
     def stop(self) -> None:
         if (self.data / "postmaster.pid").exists():
@@ -254,10 +266,13 @@ class PrivateRedis:
         self.port = free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="caf-redis-", dir="/tmp"))
         self.proc: subprocess.Popen | None = None
+        self.bind = "127.0.0.1"  # space-separated addresses (tests/nemesis adds its namespaces' host side)
 
     def start(self) -> PrivateRedis:
         self.proc = subprocess.Popen(
-            [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+            [self.exe, "--port", str(self.port), "--bind", *self.bind.split(), "--save", "", "--appendonly", "no",
+             # Protected mode refuses every address but loopback when there is no password.
+             *(["--protected-mode", "no"] if self.bind != "127.0.0.1" else []),
              "--dir", str(self.dir), "--daemonize", "no", "--logfile", str(self.dir / "redis.log")],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         _wait(self.ping, 20, "redis-server to answer")
@@ -391,10 +406,11 @@ class System:
     def env(self, clock_offset: float = 0.0, **extra) -> dict[str, str]:
         return child_env(self.db_url, self.broker_url, self.settings, clock_offset, **extra)
 
-    def _spawn(self, name: str, args: list[str], env: dict) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str], env: dict, prefix: list[str] | None = None) -> subprocess.Popen:
+        """Start ``args`` (after ``prefix``, e.g. ``ip netns exec NS``, which execs in place)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         with open(self.log_dir / f"{name}.log", "ab") as out:
-            proc = subprocess.Popen(args, cwd=PROJECT_DIR, env=env, stdout=out, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen([*(prefix or []), *args], cwd=PROJECT_DIR, env=env, stdout=out, stderr=subprocess.STDOUT,
                                     start_new_session=True)  # its own process group: killpg reaches the pool
         if name in self.procs and self.procs[name].poll() is None:
             raise RuntimeError(f"process {name} already running")
@@ -402,18 +418,18 @@ class System:
         return proc
 
     def worker(self, name: str, concurrency: int = 2, clock_offset: float = 0.0, extra: list[str] | None = None,
-               **env) -> subprocess.Popen:
+               prefix: list[str] | None = None, **env) -> subprocess.Popen:
         args = [PYTHON, "-m", "celery", "-A", "example_project", "worker", "-n", f"{name}@{HOSTNAME}",
                 "-c", str(concurrency), "-P", "prefork", "-O", "fair", "--without-mingle", "--without-gossip",
                 "-l", "warning", *(extra or [])]
-        return self._spawn(name, args, self.env(clock_offset, **env))
+        return self._spawn(name, args, self.env(clock_offset, **env), prefix)
 
     def dispatcher(self, name: str, clock_offset: float = 0.0, failpoints: str = "", extra: list[str] | None = None,
-                   **env) -> subprocess.Popen:
+                   prefix: list[str] | None = None, **env) -> subprocess.Popen:
         if failpoints:
             env["CRON_AT_SCALE_FAILPOINTS"] = failpoints
         args = [PYTHON, "manage.py", "cron_dispatcher", "--name", name, "-v", "0", *(extra or [])]
-        return self._spawn(name, args, self.env(clock_offset, **env))
+        return self._spawn(name, args, self.env(clock_offset, **env), prefix)
 
     @property
     def app(self):

@@ -1,0 +1,316 @@
+"""The nodes of a nemesis run: PostgreSQL primary (+ streaming standby), Redis, dispatchers, workers.
+
+Each dispatcher and worker may run in its own network namespace (``ip netns``)
+joined to the host by a veth pair; PostgreSQL and Redis also listen on the
+host side's address, so a partition is a ``tc`` filter inside the node's
+namespace that drops its packets to one port. Without namespaces (not root,
+no ``ip``), every node uses 127.0.0.1 and the partition faults are skipped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import faultkit
+
+# Short leases so that a fault costs seconds (see tests/faults/test_faults.py BASE and cron_at_scale/conf.py).
+SETTINGS = {"DISPATCH_LEASE": 6.0, "RUN_LEASE": 4.0, "HEARTBEAT_INTERVAL": 1.0, "REAPER_INTERVAL": 0.5,
+            "SHARD_LEASE": 3.0, "LOOKAHEAD": 1.0, "BATCH_SIZE": 200, "POLL_INTERVAL": 0.05, "MAX_LOST_ATTEMPTS": 5}
+DB_NAME = "nemesis"
+SUBNET = "10.213"  # node i: host side 10.213.i.1, namespace side 10.213.i.2 (a /30 each)
+
+
+def _sh(*args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
+    res = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)}: {res.returncode} {res.stderr.strip()}")
+    return res
+
+
+def netns_unavailable() -> str:
+    """Why network namespaces cannot be used here ('' when they can)."""
+    if os.geteuid() != 0:
+        return "not root: no network namespaces"
+    for tool in ("ip", "tc"):
+        if not shutil.which(tool):
+            return f"no '{tool}' binary (iproute2)"
+    name = f"nemprobe{os.getpid()}"
+    res = _sh("ip", "netns", "add", name, check=False)
+    if res.returncode != 0:
+        return f"ip netns add failed: {res.stderr.strip()}"
+    _sh("ip", "netns", "del", name, check=False)
+    return ""
+
+
+@dataclass
+class Netns:
+    """One node's namespace and veth pair; ``block(port)``/``unblock()`` partition it."""
+
+    index: int
+    tag: str
+
+    @property
+    def name(self) -> str:
+        return f"nem{self.tag}n{self.index}"
+
+    @property
+    def host_if(self) -> str:
+        return f"nm{self.tag}h{self.index}"[:15]
+
+    @property
+    def ns_if(self) -> str:
+        return f"nm{self.tag}c{self.index}"[:15]
+
+    @property
+    def host_ip(self) -> str:
+        return f"{SUBNET}.{self.index}.1"
+
+    @property
+    def ns_ip(self) -> str:
+        return f"{SUBNET}.{self.index}.2"
+
+    def create(self) -> None:
+        _sh("ip", "netns", "add", self.name)
+        _sh("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
+        _sh("ip", "link", "set", self.ns_if, "netns", self.name)
+        _sh("ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if)
+        _sh("ip", "link", "set", self.host_if, "up")
+        self.run("ip", "addr", "add", f"{self.ns_ip}/30", "dev", self.ns_if)
+        self.run("ip", "link", "set", self.ns_if, "up")
+        self.run("ip", "link", "set", "lo", "up")
+
+    def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        return _sh("ip", "netns", "exec", self.name, *args, check=check)
+
+    @property
+    def prefix(self) -> list[str]:
+        return ["ip", "netns", "exec", self.name]
+
+    def block(self, ports: list[int]) -> None:
+        """Drop every packet this node sends to ``ports`` (the server side sees silence, not a reset)."""
+        self.run("tc", "qdisc", "add", "dev", self.ns_if, "root", "handle", "1:", "prio")
+        for port in ports:
+            self.run("tc", "filter", "add", "dev", self.ns_if, "parent", "1:", "protocol", "ip", "prio", "1",
+                     "u32", "match", "ip", "dport", str(port), "0xffff", "action", "drop")
+
+    def unblock(self) -> None:
+        self.run("tc", "qdisc", "del", "dev", self.ns_if, "root", check=False)
+
+    def destroy(self) -> None:
+        _sh("ip", "link", "del", self.host_if, check=False)
+        _sh("ip", "netns", "del", self.name, check=False)
+
+
+class StandbyPostgres(faultkit.PrivatePostgres):
+    """A streaming standby: ``pg_basebackup -R`` of ``primary`` (on ``port`` if given), then started."""
+
+    def __init__(self, primary: faultkit.PrivatePostgres, port: int | None = None):
+        super().__init__()
+        if port is not None:
+            self.port = port
+        self.listen, self.extra_opts = primary.listen, primary.extra_opts
+        self._run(str(self.bin / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
+                  "-D", str(self.data), "-R", "-X", "stream", "-c", "fast", timeout=300)
+
+
+class Cluster:
+    """Everything a run starts; ``close()`` stops it all (also after a failure)."""
+
+    def __init__(self, run_dir: Path, dispatchers: int = 2, workers: int = 2, netns: bool = True,
+                 standby: bool = True, settings: dict | None = None):
+        self.run_dir = run_dir
+        self.log_dir = run_dir / "logs"
+        self.ledger_dir = run_dir / "ledger"
+        self.ledger_dir.mkdir(parents=True, exist_ok=True)
+        self.settings = dict(settings or SETTINGS)
+        self.node_names = [f"d{i + 1}" for i in range(dispatchers)] + [f"w{i + 1}" for i in range(workers)]
+        self.why_no_netns = netns_unavailable() if netns else "namespaces switched off (--no-netns)"
+        self.ns: dict[str, Netns] = {}
+        self.want_standby = standby
+        self.pg: faultkit.PrivatePostgres | None = None
+        self.standby: faultkit.PrivatePostgres | None = None
+        self.standby_ready = threading.Event()
+        self.redis: faultkit.PrivateRedis | None = None
+        self.system: faultkit.System | None = None
+        self.offsets: dict[str, float] = {}  # node -> fake clock offset it runs with now
+        self.down: set[str] = set()  # nodes deliberately not running (the supervisor leaves them)
+        self.exits: list[tuple[float, str, int]] = []  # unexpected exits the supervisor restarted
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._supervisor: threading.Thread | None = None
+        self._spawned = 0
+
+    # -- start -------------------------------------------------------------
+
+    def start(self) -> None:
+        tag = str(os.getpid() % 10000)
+        if not self.why_no_netns:
+            for i, name in enumerate(self.node_names, start=1):
+                ns = Netns(i, tag)
+                ns.destroy()  # a leftover of a killed run with the same pid
+                ns.create()
+                self.ns[name] = ns
+        listen = ["127.0.0.1", *(ns.host_ip for ns in self.ns.values())]
+        self.pg = faultkit.PrivatePostgres()
+        self.pg.listen = ",".join(listen)
+        self.pg.hba_extra = [f"host all all {SUBNET}.0.0/16 trust", f"host replication all {SUBNET}.0.0/16 trust"]
+        # Synchronous replication while a standby streams: an acknowledged commit is on both, so a
+        # failover loses none (with asynchronous replication it may, by design, not by a bug of ours).
+        self.pg.extra_opts = "-c wal_level=replica -c max_wal_senders=10 -c wal_keep_size=512MB -c hot_standby=on"
+        self.pg.start()
+        faultkit.migrate_template(self.pg, DB_NAME, self.log_dir)
+        if self.want_standby:
+            self._make_standby(self.pg)
+        self.redis = faultkit.PrivateRedis()
+        self.redis.bind = " ".join(listen)
+        self.redis.start()
+        self.system = faultkit.System(self.db_url(), self.redis.url(), self.log_dir, self.settings)
+        for name in self.node_names:
+            self.spawn(name)
+        self.system.wait_workers([n for n in self.node_names if n.startswith("w")], timeout=120)
+        self._supervisor = threading.Thread(target=self._supervise, name="supervisor", daemon=True)
+        self._supervisor.start()
+
+    def _make_standby(self, primary: faultkit.PrivatePostgres, port: int | None = None) -> None:
+        self.standby_ready.clear()
+        sb = StandbyPostgres(primary, port)
+        sb.start()
+        self.standby = sb
+        admin = faultkit.connect(primary.url("postgres"))
+        with admin.cursor() as cur:
+            cur.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+            cur.execute("SELECT pg_reload_conf()")
+        admin.close()
+        self.standby_ready.set()
+
+    # -- addresses ---------------------------------------------------------
+
+    def pg_ports(self) -> list[int]:
+        """Both ports of the pair (a partition from PostgreSQL drops both)."""
+        return list(self._url_ports)
+
+    def db_url(self, host: str = "127.0.0.1") -> str:
+        """Multi-host when there is a standby: whichever of the two accepts writes is the primary."""
+        hosts = ",".join(f"{host}:{p}" for p in self._url_ports)
+        return f"postgresql://postgres@{hosts}/{DB_NAME}?target_session_attrs=read-write&connect_timeout=5"
+
+    @property
+    def _url_ports(self) -> list[int]:
+        # Fixed for the run: the two ports of the pair (a rebuilt standby takes the dead primary's port).
+        if not hasattr(self, "_ports_fixed"):
+            self._ports_fixed = [self.pg.port] + ([self.standby.port] if self.standby is not None else [])
+        return self._ports_fixed
+
+    def broker_url(self, host: str = "127.0.0.1") -> str:
+        return f"redis://{host}:{self.redis.port}/0"
+
+    def host_of(self, node: str) -> str:
+        return self.ns[node].host_ip if node in self.ns else "127.0.0.1"
+
+    # -- processes ---------------------------------------------------------
+
+    def spawn(self, name: str, clock_offset: float = 0.0) -> None:
+        host = self.host_of(name)
+        prefix = self.ns[name].prefix if name in self.ns else None
+        env = {"DATABASE_URL": self.db_url(host), "CELERY_BROKER_URL": self.broker_url(host),
+               "NEMESIS_LEDGER_DIR": str(self.ledger_dir), **self.extra_env}
+        with self._lock:
+            old = self.system.procs.get(name)
+            if old is not None:
+                self._spawned += 1
+                self.system.procs[f"{name}~{self._spawned}"] = self.system.procs.pop(name)  # keep it for stop_all
+            if name.startswith("w"):
+                self.system.worker(name, concurrency=2, clock_offset=clock_offset, prefix=prefix, **env)
+            else:
+                self.system.dispatcher(name, clock_offset=clock_offset, prefix=prefix, **env)
+            self.offsets[name] = clock_offset
+            self.down.discard(name)
+
+    extra_env: dict = {}
+
+    def kill9(self, name: str) -> None:
+        with self._lock:
+            self.down.add(name)
+            self.system.kill9(name)
+
+    def signal(self, name: str, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.system.procs[name].pid, sig)
+
+    def _supervise(self) -> None:
+        """Restart a node that exited by itself, as systemd or Kubernetes would (and note it)."""
+        while not self._stop.wait(0.5):
+            with self._lock:
+                for name in self.node_names:
+                    p = self.system.procs.get(name)
+                    if name in self.down or p is None or p.poll() is None:
+                        continue
+                    self.exits.append((time.time(), name, p.returncode))
+                    self.spawn(name, self.offsets.get(name, 0.0))
+
+    # -- servers -----------------------------------------------------------
+
+    def pg_stop(self) -> None:
+        self.pg.halt("immediate")
+
+    def pg_start(self) -> None:
+        self.pg.start()
+
+    def broker_kill(self) -> None:
+        self.redis.kill9()
+
+    def broker_start(self) -> None:
+        self.redis.start()
+
+    def failover(self) -> None:
+        """Kill the primary (-m immediate), promote the standby; a new standby is built in the background."""
+        if not self.standby_ready.wait(120):
+            raise RuntimeError("no standby ready for a failover")
+        old, new = self.pg, self.standby
+        self.standby = None
+        self.standby_ready.clear()
+        old.halt("immediate")
+        new._run(str(new.bin / "pg_ctl"), "-D", str(new.data), "-w", "-t", "60", "promote")
+        admin = faultkit.connect(new.url("postgres"))
+        with admin.cursor() as cur:  # alone now: a synchronous standby it waits for would block every commit
+            cur.execute("ALTER SYSTEM RESET synchronous_standby_names")
+            cur.execute("SELECT pg_reload_conf()")
+        admin.close()
+        self.pg = new
+
+        def rebuild():
+            try:
+                old.stop()  # removes the old data directory
+                self._make_standby(new, port=old.port)
+            except Exception as e:  # noqa: BLE001 (reported; a later failover then waits and fails)
+                (self.run_dir / "standby-rebuild.err").write_text(repr(e))
+
+        threading.Thread(target=rebuild, name="standby-rebuild", daemon=True).start()
+
+    # -- stop --------------------------------------------------------------
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._supervisor is not None:
+            self._supervisor.join(5)
+        if self.system is not None:
+            for p in list(self.system.procs.values()):  # a stopped group ignores SIGTERM until continued
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGCONT)
+            self.system.stop_all()
+        for ns in self.ns.values():
+            ns.unblock()
+        for server in (self.redis, self.standby, self.pg):
+            if server is not None:
+                with contextlib.suppress(Exception):
+                    server.stop()
+        for ns in self.ns.values():
+            ns.destroy()
