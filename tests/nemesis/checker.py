@@ -116,6 +116,7 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
     lim = {**LIMITS, **(limits or {})}
     res = Result()
     v = res.violations
+    faults = [f for f in faults if not f.get("error")]  # not applied: blamed for nothing, counted in stats
     for f in faults:
         res.faults_by_kind[f["kind"]] = res.faults_by_kind.get(f["kind"], 0) + 1
 

@@ -25,7 +25,8 @@ import faultkit
 SETTINGS = {"DISPATCH_LEASE": 6.0, "RUN_LEASE": 4.0, "HEARTBEAT_INTERVAL": 1.0, "REAPER_INTERVAL": 0.5,
             "SHARD_LEASE": 3.0, "LOOKAHEAD": 1.0, "BATCH_SIZE": 200, "POLL_INTERVAL": 0.05, "MAX_LOST_ATTEMPTS": 5}
 DB_NAME = "nemesis"
-SUBNET = "10.213"  # node i: host side 10.213.i.1, namespace side 10.213.i.2 (a /30 each)
+# Node i: host side 10.213.i.1 (PostgreSQL listens there) and 10.213.i.3 (Redis), namespace side 10.213.i.2.
+SUBNET = "10.213"
 
 
 def _sh(*args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -52,7 +53,12 @@ def netns_unavailable() -> str:
 
 @dataclass
 class Netns:
-    """One node's namespace and veth pair; ``block(port)``/``unblock()`` partition it."""
+    """One node's namespace and veth pair; ``block(ip)``/``unblock()`` partition it from one server.
+
+    This kernel has no tc action modules and no netfilter tools, so a partition is a
+    ``blackhole`` route inside the namespace to the host address of that server: the node's
+    packets to it are discarded (the server sees silence, the node's connects fail).
+    """
 
     index: int
     tag: str
@@ -74,6 +80,10 @@ class Netns:
         return f"{SUBNET}.{self.index}.1"
 
     @property
+    def broker_ip(self) -> str:
+        return f"{SUBNET}.{self.index}.3"
+
+    @property
     def ns_ip(self) -> str:
         return f"{SUBNET}.{self.index}.2"
 
@@ -81,9 +91,10 @@ class Netns:
         _sh("ip", "netns", "add", self.name)
         _sh("ip", "link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if)
         _sh("ip", "link", "set", self.ns_if, "netns", self.name)
-        _sh("ip", "addr", "add", f"{self.host_ip}/30", "dev", self.host_if)
+        _sh("ip", "addr", "add", f"{self.host_ip}/29", "dev", self.host_if)
+        _sh("ip", "addr", "add", f"{self.broker_ip}/29", "dev", self.host_if)
         _sh("ip", "link", "set", self.host_if, "up")
-        self.run("ip", "addr", "add", f"{self.ns_ip}/30", "dev", self.ns_if)
+        self.run("ip", "addr", "add", f"{self.ns_ip}/29", "dev", self.ns_if)
         self.run("ip", "link", "set", self.ns_if, "up")
         self.run("ip", "link", "set", "lo", "up")
 
@@ -94,15 +105,16 @@ class Netns:
     def prefix(self) -> list[str]:
         return ["ip", "netns", "exec", self.name]
 
-    def block(self, ports: list[int]) -> None:
-        """Drop every packet this node sends to ``ports`` (the server side sees silence, not a reset)."""
-        self.run("tc", "qdisc", "add", "dev", self.ns_if, "root", "handle", "1:", "prio")
-        for port in ports:
-            self.run("tc", "filter", "add", "dev", self.ns_if, "parent", "1:", "protocol", "ip", "prio", "1",
-                     "u32", "match", "ip", "dport", str(port), "0xffff", "action", "drop")
+    def block(self, ip: str) -> None:
+        """Discard every packet this node sends to ``ip`` until ``unblock()``."""
+        self.run("ip", "route", "add", "blackhole", f"{ip}/32")
+        self.blocked = ip
 
     def unblock(self) -> None:
-        self.run("tc", "qdisc", "del", "dev", self.ns_if, "root", check=False)
+        ip = getattr(self, "blocked", None)
+        if ip:
+            self.run("ip", "route", "del", "blackhole", f"{ip}/32", check=False)
+            self.blocked = None
 
     def destroy(self) -> None:
         _sh("ip", "link", "del", self.host_if, check=False)
@@ -158,9 +170,8 @@ class Cluster:
                 ns.destroy()  # a leftover of a killed run with the same pid
                 ns.create()
                 self.ns[name] = ns
-        listen = ["127.0.0.1", *(ns.host_ip for ns in self.ns.values())]
         self.pg = faultkit.PrivatePostgres()
-        self.pg.listen = ",".join(listen)
+        self.pg.listen = ",".join(["127.0.0.1", *(ns.host_ip for ns in self.ns.values())])
         self.pg.hba_extra = [f"host all all {SUBNET}.0.0/16 trust", f"host replication all {SUBNET}.0.0/16 trust"]
         # Synchronous replication while a standby streams: an acknowledged commit is on both, so a
         # failover loses none (with asynchronous replication it may, by design, not by a bug of ours).
@@ -170,7 +181,7 @@ class Cluster:
         if self.want_standby:
             self._make_standby(self.pg)
         self.redis = faultkit.PrivateRedis()
-        self.redis.bind = " ".join(listen)
+        self.redis.bind = " ".join(["127.0.0.1", *(ns.broker_ip for ns in self.ns.values())])
         self.redis.start()
         self.system = faultkit.System(self.db_url(), self.redis.url(), self.log_dir, self.settings)
         for name in self.node_names:
@@ -212,15 +223,13 @@ class Cluster:
     def broker_url(self, host: str = "127.0.0.1") -> str:
         return f"redis://{host}:{self.redis.port}/0"
 
-    def host_of(self, node: str) -> str:
-        return self.ns[node].host_ip if node in self.ns else "127.0.0.1"
-
     # -- processes ---------------------------------------------------------
 
     def spawn(self, name: str, clock_offset: float = 0.0) -> None:
-        host = self.host_of(name)
-        prefix = self.ns[name].prefix if name in self.ns else None
-        env = {"DATABASE_URL": self.db_url(host), "CELERY_BROKER_URL": self.broker_url(host),
+        ns = self.ns.get(name)
+        prefix = ns.prefix if ns else None
+        env = {"DATABASE_URL": self.db_url(ns.host_ip if ns else "127.0.0.1"),
+               "CELERY_BROKER_URL": self.broker_url(ns.broker_ip if ns else "127.0.0.1"),
                "NEMESIS_LEDGER_DIR": str(self.ledger_dir), **self.extra_env}
         with self._lock:
             old = self.system.procs.get(name)

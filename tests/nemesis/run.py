@@ -64,9 +64,9 @@ class Nemesis:
                 c.kill9(f.target)
                 c.spawn(f.target, clock_offset=f.offset)
             elif f.kind == "partition_pg":
-                c.ns[f.target].block(c.pg_ports())
+                c.ns[f.target].block(c.ns[f.target].host_ip)
             elif f.kind == "partition_broker":
-                c.ns[f.target].block([c.redis.port])
+                c.ns[f.target].block(c.ns[f.target].broker_ip)
             elif f.kind == "pg_restart":
                 c.pg_stop()
             elif f.kind == "broker_restart":
@@ -170,7 +170,7 @@ def wait_settled(cluster: Cluster, timeout: float) -> float:
 
 def run(seed: int, minutes: float, dispatchers: int = 2, workers: int = 2, kinds: list[str] | None = None,
         netns: bool = True, standby: bool = True, keep: bool = False, settle: float = 180.0,
-        extra_env: dict | None = None, limits: dict | None = None) -> Outcome:
+        extra_env: dict | None = None, limits: dict | None = None, per_tick: int = 3) -> Outcome:
     run_dir = Path(tempfile.mkdtemp(prefix=f"nemesis-{seed}-", dir="/tmp"))
     cluster = Cluster(run_dir, dispatchers, workers, netns=netns, standby=standby)
     cluster.extra_env = dict(extra_env or {})
@@ -182,11 +182,12 @@ def run(seed: int, minutes: float, dispatchers: int = 2, workers: int = 2, kinds
         schedule = make_schedule(seed, minutes, cluster.node_names, use, leases=cluster.settings["DISPATCH_LEASE"])
         _say(f"seed {seed}, {minutes} min, nodes {cluster.node_names}, run dir {run_dir}, "
              f"setup {time.monotonic() - t_setup:.0f}s, partitions: "
-             f"{'netns + tc' if not cluster.why_no_netns else 'off (' + cluster.why_no_netns + ')'}")
+             f"{'netns + blackhole routes' if not cluster.why_no_netns else 'off (' + cluster.why_no_netns + ')'}")
         for k, why in skipped.items():
             _say(f"fault kind {k} skipped: {why}")
         _say("schedule:\n" + "\n".join("    " + f.describe() for f in schedule))
         wl = Workload(cluster.db_url(), run_dir, seed)
+        wl.per_tick = per_tick
         wl.start()
         t0 = time.monotonic()
         nem = Nemesis(cluster, run_dir)
@@ -227,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dispatchers", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--kinds", default=",".join(ALL_KINDS), help="comma-separated fault kinds")
+    ap.add_argument("--rate", type=int, default=3, help="one-off jobs due now per second (besides the rest)")
     ap.add_argument("--no-netns", action="store_true", help="no namespaces: partition faults are skipped")
     ap.add_argument("--no-standby", action="store_true", help="no streaming standby: failover is skipped")
     ap.add_argument("--schedule-only", action="store_true", help="print the schedule for these nodes and exit")
@@ -237,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
         for f in make_schedule(a.seed, a.minutes, nodes, kinds):
             print(f.describe())
         return 0
-    out = run(a.seed, a.minutes, a.dispatchers, a.workers, kinds, netns=not a.no_netns, standby=not a.no_standby)
+    out = run(a.seed, a.minutes, a.dispatchers, a.workers, kinds, netns=not a.no_netns, standby=not a.no_standby,
+              per_tick=a.rate)
     print(f"\n=== nemesis seed {a.seed}, {a.minutes} min: {'OK' if out.ok else 'VIOLATIONS'} ===")
     print(out.result.table())
     if not out.ok:

@@ -42,6 +42,7 @@ class Workload:
         self.cancels: list[tuple[float, str]] = []  # (real time to cancel at, job id)
         self.cron_ids: list[str] = []
         self.ticks = self.skipped = 0
+        self.per_tick = 3  # one-off jobs due now, per second
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -118,7 +119,7 @@ class Workload:
         return done
 
     def _tick(self, k: int) -> None:
-        specs = [("now", self.rng.uniform(0.0, 1.0)) for _ in range(3)]
+        specs = [("now", self.rng.uniform(0.0, 1.0)) for _ in range(self.per_tick)]
         specs.append(("delayed", self.rng.uniform(3.0, 30.0)))
         if k % 3 == 0:
             specs.append(("retry", self.rng.uniform(0.0, 5.0)))
