@@ -65,7 +65,8 @@ class Dispatcher:
         self.app = app or get_app()
         refuse_pickle(self.app)
         self.publisher = Publisher(self.app)
-        self.sender = Sender(self.publisher, self._sent)  # publishes on its own thread
+        # publishes on its own thread; a failing batch is retried for half its dispatch lease
+        self.sender = Sender(self.publisher, self._sent, retry_for=self.lease / 2)
         ttl = float(conf.get("SHARD_LEASE"))
         self.shards = AllShards() if shards == "all" else ShardLeases(self.name, ttl)
         self.shard_refresh = ttl / 4
