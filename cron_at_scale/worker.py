@@ -38,7 +38,7 @@ from uuid import UUID, uuid4
 from celery import Task
 from celery.exceptions import Ignore
 from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
 
 from . import conf, db, metrics, retry
 from .publish import HEADER
@@ -164,8 +164,27 @@ class AttemptWriter:
     def start(self, job_id: str, attempt: int, worker: str):
         """Start ``attempt`` of ``job_id`` and write the completions handed over so far, in one
         statement; its row (outcome, scheduled_at, ...) or None if this attempt is not to run.
-        The outcome is ``running``, or ``cancelled``/``skipped`` (recorded, not to run)."""
-        return self._write(job_id, attempt, worker, str(uuid4()))
+        The outcome is ``running``, or ``cancelled``/``skipped`` (recorded, not to run).
+
+        While PostgreSQL is unreachable (a restart, a failover) the start is tried again with a
+        backoff for up to half the dispatch lease: the message is in hand, and an attempt still
+        unstarted after its lease is fired again anyway. The same token goes with every try, so
+        a try that committed without its reply is found, not skipped. Then the error is raised.
+        """
+        token = str(uuid4())
+        deadline = time.monotonic() + float(conf.get("DISPATCH_LEASE")) / 2
+        pause = 0.2
+        while True:
+            try:
+                return self._write(job_id, attempt, worker, token)
+            except (OperationalError, InterfaceError) as e:
+                if time.monotonic() + pause > deadline:
+                    raise
+                log.warning("starting job %s attempt %d: database unavailable (%s); trying again in %.1fs",
+                            job_id, attempt, str(e).strip()[:200], pause)
+                db.reset_connection()
+                time.sleep(pause)
+                pause = min(2.0, pause * 2)
 
     def flush(self) -> int:
         """Write the completions handed over so far (one statement); return how many.

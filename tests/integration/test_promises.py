@@ -240,3 +240,21 @@ def test_the_overlap_check_sees_a_run_committed_after_the_claims_snapshot(monkey
         peer.close()
     assert runs == []
     assert Job.objects.get(id=job.id).skipped_occurrences == 1
+
+
+def test_a_start_keeps_trying_through_a_database_outage(dispatcher, monkeypatch):
+    job = cron_at_scale.schedule(noop)
+    dispatcher.claim()
+    real_fetch, cuts = db._fetch, []
+
+    def outage(cur, fetch):
+        if len(cuts) < 4:  # more failures than one statement's own reconnect covers
+            cuts.append(1)
+            raise db.OperationalError("the database system is starting up")
+        return real_fetch(cur, fetch)
+
+    monkeypatch.setattr(db, "_fetch", outage)
+    monkeypatch.setattr(db, "reset_connection", lambda: None)
+    monkeypatch.setattr(worker.time, "sleep", lambda s: None)
+    row = worker.AttemptWriter().start(str(job.id), 1, "w")
+    assert len(cuts) == 4 and row is not None and row[0] == "running"
