@@ -7,7 +7,8 @@ database is not PostgreSQL (the claim needs ``FOR UPDATE SKIP LOCKED``,
 ``E004`` pickle is accepted by Celery (a message from the broker could run
 code). Warnings: ``W001`` a broker visibility timeout shorter than the run
 lease; ``W002`` Django reconnecting to PostgreSQL on every task; ``W003`` a
-run lease not longer than two heartbeats.
+run lease not longer than two heartbeats; ``W004`` PostgreSQL without the
+durability an attempt's start relies on (``manage.py check --database default``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,18 @@ def check_database(app_configs=None, databases=None, **kwargs):
             hint="Its claim uses FOR UPDATE SKIP LOCKED, jsonb and LISTEN/NOTIFY. Point DATABASES['default'] "
                  "(or DATABASE_URL) at PostgreSQL; for a laptop, pip install 'cron-at-scale[embedded]'.",
             id="cron_at_scale.E002")]
+    try:
+        with connections["default"].cursor() as cur:
+            cur.execute("SELECT current_setting('fsync'), current_setting('synchronous_commit')")
+            fsync, commit = cur.fetchone()
+    except Exception:  # noqa: BLE001 (the database is down: other checks and the processes say so)
+        return []
+    if fsync != "on" or commit in ("off", "local"):
+        return [Warning(
+            f"PostgreSQL runs with fsync={fsync}, synchronous_commit={commit}: a start of an attempt may be lost "
+            "in a crash, and the same (job, attempt) may then run twice.",
+            hint="Keep fsync on and synchronous_commit at 'on' (the default) or stronger; see docs/guarantees.md.",
+            id="cron_at_scale.W004")]
     return []
 
 

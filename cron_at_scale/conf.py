@@ -71,6 +71,8 @@ def problems() -> list[str]:
     value = user.get("LOOKAHEAD", DEFAULTS["LOOKAHEAD"])
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60:
         out.append(f"CRON_AT_SCALE['LOOKAHEAD'] must be a number of seconds from 0 to 60, got {value!r}")
+    if not out:
+        out += contradictions({k: user.get(k, DEFAULTS[k]) for k in DEFAULTS})
     for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS", "PREPARED_STATEMENTS"):
         if not isinstance(user.get(key, DEFAULTS[key]), bool):
             out.append(f"CRON_AT_SCALE[{key!r}] must be True or False, got {user[key]!r}")
@@ -84,6 +86,27 @@ def problems() -> list[str]:
     for key in ("DLQ_QUEUE",):
         if not isinstance(user.get(key, DEFAULTS[key]), str) or not user.get(key, DEFAULTS[key]):
             out.append(f"CRON_AT_SCALE[{key!r}] must be a non-empty string, got {user[key]!r}")
+    return out
+
+
+def contradictions(values: dict[str, Any]) -> list[str]:
+    """Settings that are each valid but break a promise together (each message names both).
+
+    * ``LOOKAHEAD`` < ``DISPATCH_LEASE``: a run claimed early waits in its dispatcher until its
+      ``fire_at``; a dispatch lease no longer than that wait would let the reaper fire it again
+      before it was due.
+    * ``HEARTBEAT_INTERVAL`` < ``RUN_LEASE``: a running attempt's lease would expire between two
+      heartbeats, and every run longer than the lease would be fired again while it runs.
+    """
+    out = []
+    if not float(values["LOOKAHEAD"]) < float(values["DISPATCH_LEASE"]):
+        out.append(f"CRON_AT_SCALE['LOOKAHEAD'] ({values['LOOKAHEAD']}s) must be shorter than "
+                   f"CRON_AT_SCALE['DISPATCH_LEASE'] ({values['DISPATCH_LEASE']}s): a run held for its fire_at "
+                   "would be reaped and fired again before it was due")
+    if not float(values["HEARTBEAT_INTERVAL"]) < float(values["RUN_LEASE"]):
+        out.append(f"CRON_AT_SCALE['HEARTBEAT_INTERVAL'] ({values['HEARTBEAT_INTERVAL']}s) must be shorter than "
+                   f"CRON_AT_SCALE['RUN_LEASE'] ({values['RUN_LEASE']}s): a running attempt's lease would expire "
+                   "between two heartbeats")
     return out
 
 

@@ -117,12 +117,12 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
         try:
             # In the caller's transaction (an eager run, a test) a SET LOCAL would outlive
             # this statement and change the caller's commit and plans: none is sent.
-            bare = conn.in_atomic_block and name in _OWN_SETTINGS
+            bare = conn.in_atomic_block
             with conn.cursor() as cur:
                 if name in PREPARED and conf.get("PREPARED_STATEMENTS"):
                     _execute_prepared(cur, conn, name, params or {}, bare)
                 else:
-                    cur.execute(_OWN_SETTINGS[name] if bare else QUERIES[name], params or {})
+                    cur.execute(_OWN_SETTINGS[name] if bare and name in _OWN_SETTINGS else QUERIES[name], params or {})
                 return _fetch(cur, fetch)
         except (OperationalError, InterfaceError):
             if attempt == retries:

@@ -53,13 +53,20 @@ class Dispatcher:
         self.poll_interval = float(conf.get("POLL_INTERVAL") if poll_interval is None else poll_interval)
         self.lease = float(lease or conf.get("DISPATCH_LEASE"))
         self.lookahead = float(conf.get("LOOKAHEAD") if lookahead is None else lookahead)
+        if self.lookahead >= self.lease:
+            from django.core.exceptions import ImproperlyConfigured
+
+            raise ImproperlyConfigured(conf.contradictions({**{k: conf.get(k) for k in conf.DEFAULTS},
+                                                            "LOOKAHEAD": self.lookahead,
+                                                            "DISPATCH_LEASE": self.lease})[0])
         self.reaper_interval = float(conf.get("REAPER_INTERVAL"))
         self.max_lost = int(conf.get("MAX_LOST_ATTEMPTS"))
         self.max_broker_depth = int(conf.get("MAX_BROKER_DEPTH"))
         self.app = app or get_app()
         refuse_pickle(self.app)
         self.publisher = Publisher(self.app)
-        self.sender = Sender(self.publisher, self._sent)  # publishes on its own thread
+        # publishes on its own thread; a failing batch is retried for half its dispatch lease
+        self.sender = Sender(self.publisher, self._sent, retry_for=self.lease / 2)
         ttl = float(conf.get("SHARD_LEASE"))
         self.shards = AllShards() if shards == "all" else ShardLeases(self.name, ttl)
         self.shard_refresh = ttl / 4
@@ -105,9 +112,13 @@ class Dispatcher:
         moved: dict[str, list] = {k: [] for k in ("ids", "fire_ats", "occurrences", "n_attempts", "missed", "skipped", "buffers")}
         logged: dict[str, list] = {k: [] for k in ("a_job_ids", "a_attempts", "a_scheduled", "a_outcomes")}
         runs: list[Claimed] = []
+        # Read after the claim locked the rows, in a statement of its own (see running_jobs).
+        watched = [row[0] for row in rows if row[14] != "allow"]
+        busy = {r[0] for r in db.run("running_jobs", {"ids": watched}, retries=0)} if watched else set()
         for row in rows:
             base = Claimed.from_row(row)
-            interval, occurrence_at, catchup, window, overlap, jitter, buffered_at, db_now, running = row[10:19]
+            interval, occurrence_at, catchup, window, overlap, jitter, buffered_at, db_now = row[10:18]
+            running = base.job_id in busy
             rec = Recurrence(str(base.job_id), base.schedule_type, base.cron_expr, base.timezone, interval,
                              jitter, catchup, window, overlap)
             occurrence_at = occurrence_at or base.fire_at

@@ -83,6 +83,9 @@ class Job(models.Model):
     max_retries = models.PositiveIntegerField(db_default=3, help_text="Retries allowed after the first attempt.")
     attempts = models.PositiveIntegerField(db_default=0, help_text="Number of the latest attempt (0: never fired).")
     lost_attempts = models.PositiveIntegerField(db_default=0)
+    # Attempts lost before any worker started them (a lost message, a long queue), since the
+    # last requeue: each doubles the next dispatch lease (up to 16x).
+    dispatch_losses = models.IntegerField(db_default=0)  # no CHECK: adding one would scan the table under lock
     cancel_requested = models.BooleanField(db_default=False)
     locked_by = models.CharField(max_length=200, blank=True, db_default="")
     locked_until = models.DateTimeField(null=True, blank=True)
@@ -173,6 +176,8 @@ class JobAttempt(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
     locked_until = models.DateTimeField(null=True, blank=True)
     worker = models.CharField(max_length=200, blank=True, db_default="")
+    # The id of the start that runs this attempt: a start retried after a lost reply knows its own.
+    run_token = models.UUIDField(null=True, blank=True)
     outcome = models.CharField(max_length=12, choices=Outcome.choices, db_default=Outcome.DISPATCHED)
     error = models.TextField(blank=True, db_default="")
     traceback = models.TextField(blank=True, db_default="")

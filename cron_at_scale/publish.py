@@ -282,14 +282,19 @@ class Sender:
     The dispatcher's next claim (PostgreSQL's work) then overlaps the publish
     of this batch (Python's work): two cores busy instead of one. At most
     ``depth`` batches wait; one more blocks the claimer (back-pressure). A
-    batch that fails to publish is logged and left to the reaper, as on the
-    dispatcher's own thread. ``lock`` guards the publisher against the
-    dispatcher's other uses of it (the broker depth check).
+    batch that fails to publish (the broker restarting, a partition) is tried
+    again with a backoff for up to ``retry_for`` seconds (sending a run twice is
+    harmless: its attempt starts once); meanwhile the claimer blocks, so a
+    dispatcher cut off from its broker claims nothing more and stops renewing
+    its shard leases, which move to a dispatcher that can publish. After that
+    the batch is logged and left to the reaper. ``lock`` guards the publisher
+    against the dispatcher's other uses of it (the broker depth check).
     """
 
-    def __init__(self, publisher: Publisher, on_sent, depth: int = 2):
+    def __init__(self, publisher: Publisher, on_sent, depth: int = 2, retry_for: float = 0.0):
         self.publisher = publisher
         self.on_sent = on_sent  # on_sent(count, seconds)
+        self.retry_for = retry_for
         self.lock = threading.Lock()
         self.queue: queue.Queue[list[Claimed] | None] = queue.Queue(maxsize=depth)
         self.thread: threading.Thread | None = None
@@ -320,11 +325,23 @@ class Sender:
                 if runs is None:
                     return
                 t0 = time.monotonic()
-                with self.lock:
-                    n = self.publisher.publish(runs)
+                n = self._publish(runs, t0 + self.retry_for)
                 self.on_sent(n, time.monotonic() - t0)
             except Exception:
                 # Claimed but not sent: their leases expire and the reaper fires them again.
                 log.exception("publishing %d claimed jobs failed; the reaper will re-fire them", len(runs or ()))
             finally:
                 self.queue.task_done()
+
+    def _publish(self, runs: list[Claimed], deadline: float) -> int:
+        pause = 0.1
+        while True:
+            try:
+                with self.lock:
+                    return self.publisher.publish(runs)
+            except Exception as e:
+                if time.monotonic() + pause > deadline:
+                    raise
+                log.warning("publishing %d claimed jobs failed (%s); trying again in %.1fs", len(runs), e, pause)
+                time.sleep(pause)
+                pause = min(2.0, pause * 2)

@@ -23,7 +23,8 @@ SET LOCAL synchronous_commit = off; SET LOCAL enable_sort = off;
 -- attempt number, its dispatch lease and its attempt log row, all here.
 -- A recurring job stays pending and locked: the dispatcher decides which of
 -- its occurrences fire (catch-up, overlap) and writes them with
--- advance_recurring, in this same transaction.
+-- advance_recurring, in this same transaction (after running_jobs, whose
+-- snapshot is no older than the row locks taken here).
 WITH due AS (
     SELECT id FROM cron_at_scale_job
     WHERE status = 'pending' AND fire_at <= statement_timestamp() + make_interval(secs => %(lookahead)s)
@@ -36,12 +37,14 @@ WITH due AS (
     SET status = CASE WHEN j.schedule_type = 'once' THEN 'in_progress' ELSE j.status END,
         attempts = CASE WHEN j.schedule_type = 'once' THEN j.attempts + 1 ELSE j.attempts END,
         locked_by = CASE WHEN j.schedule_type = 'once' THEN %(dispatcher)s ELSE j.locked_by END,
-        -- a job whose earlier attempts were lost before any worker started them (a
+        -- The lease runs from the run's fire_at (a run claimed within the look-ahead waits
+        -- in the dispatcher until then), so a held run is never reaped and re-fired early.
+        -- A job whose earlier attempts were lost before any worker started them (a
         -- backlog, a broker outage) gets a longer dispatch lease each time (x2, up to x16),
-        -- so re-fires do not outrun the workers
+        -- so re-fires do not outrun the workers.
         locked_until = CASE WHEN j.schedule_type = 'once'
-                            THEN statement_timestamp() + make_interval(secs => %(lease)s
-                                 * power(2, LEAST(4, GREATEST(0, j.attempts - j.retries - j.lost_attempts))))
+                            THEN GREATEST(statement_timestamp(), j.fire_at) + make_interval(secs => %(lease)s
+                                 * power(2, LEAST(4, j.dispatch_losses)))
                             ELSE j.locked_until END,
         updated_at = statement_timestamp()
     -- = ANY(ARRAY(...)): a primary-key lookup per claimed id, whatever the row estimates
@@ -58,11 +61,16 @@ WITH due AS (
 )
 SELECT c.id, c.attempts, c.fire_at, c.schedule_type, c.cron_expr, c.timezone, c.task, c.payload, c.queue,
        c.options, c.interval, c.occurrence_at, c.catchup, c.catchup_window, c.overlap, c.jitter, c.buffered_at,
-       statement_timestamp(),
-       c.schedule_type <> 'once' AND c.overlap <> 'allow' AND EXISTS (
-           SELECT 1 FROM cron_at_scale_jobattempt AS a WHERE a.job_id = c.id AND a.finished_at IS NULL
-       ) AS running
+       statement_timestamp()
 FROM claimed AS c;
+
+-- name: running_jobs
+-- Which of these (claimed, row-locked) recurring jobs have an unfinished run. Its own
+-- statement, not part of the claim: the claim's snapshot is taken before it locks a
+-- row, and a run another dispatcher committed in between (a shard handover) would be
+-- invisible to it, breaking overlap 'skip' / 'buffer_one'.
+SELECT DISTINCT job_id FROM cron_at_scale_jobattempt
+WHERE job_id = ANY(%(ids)s::uuid[]) AND finished_at IS NULL;
 
 -- name: advance_recurring
 -- Claimed recurring jobs move on to their next occurrence; the runs fired
@@ -82,7 +90,8 @@ WITH moved AS (
 )
 INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome, finished_at)
 SELECT r.job_id, r.attempt, r.scheduled_at, statement_timestamp(),
-       CASE WHEN r.outcome = 'dispatched' THEN statement_timestamp() + make_interval(secs => %(lease)s) END,
+       CASE WHEN r.outcome = 'dispatched'
+            THEN GREATEST(statement_timestamp(), r.scheduled_at) + make_interval(secs => %(lease)s) END,
        r.outcome,
        CASE WHEN r.outcome = 'skipped' THEN statement_timestamp() END
 FROM unnest(%(a_job_ids)s::uuid[], %(a_attempts)s::int[], %(a_scheduled)s::timestamptz[], %(a_outcomes)s::text[])
@@ -94,17 +103,20 @@ FROM unnest(%(a_job_ids)s::uuid[], %(a_attempts)s::int[], %(a_scheduled)s::times
 -- Only a 'dispatched' attempt starts, so a redelivered message (already
 -- started) or a superseded one returns no row and is skipped. A job
 -- cancelled since its claim is recorded as a cancelled attempt and not run.
+-- A one-off job already completed (an earlier attempt, reaped while it stalled,
+-- succeeded after all) is recorded as a skipped attempt and not run.
 -- The process's writer thread runs this with job_id NULL (starts nothing)
 -- when no task follows within a few ms.
--- The succeeded attempts: closed, and a one-off job still on that attempt
--- completed; same rules as finish_attempt (an attempt whose job was
--- cancelled meanwhile ends 'cancelled').
--- Asynchronous commit (this statement only): the commit is visible to every
--- other session at once, which is what skips a redelivered message; only its
--- durability waits for the WAL writer (< 1 s). If PostgreSQL itself crashes
--- in that window, a job started or finished in it may run again after its
--- lease: at-least-once.
-SET LOCAL synchronous_commit = off;
+-- The succeeded attempts: closed, and their one-off job completed, also when
+-- the attempt's lease had run out and the job fired again (a success is never
+-- discarded); an attempt whose job was cancelled meanwhile ends 'cancelled'.
+-- %(token)s is this start's own id: a retry of the statement whose first try
+-- committed but whose reply was lost finds its attempt 'running' under the same
+-- token and runs it, instead of skipping it as a duplicate.
+-- Synchronous commit, on purpose: the attempt number is a fencing token, and a
+-- start lost in a crash of PostgreSQL would let the same (job, attempt) be
+-- claimed and run again. Its flush also makes durable the claim before it
+-- (asynchronous) and the completions it carries.
 -- Every table is reached by primary key or (job_id, attempt) from the pairs given,
 -- never through a join the planner could turn around: the statement's one generic
 -- plan (made at the first EXECUTE of a connection, maybe while the tables looked
@@ -119,8 +131,9 @@ WITH done AS (
         CROSS JOIN LATERAL (SELECT id FROM cron_at_scale_jobattempt  -- LIMIT 1: kept a lookup per pair
                             WHERE job_id = r.job_id AND attempt = r.attempt LIMIT 1) AS o))
       -- unfinished (the same rows as finished_at IS NULL), said so that the partial
-      -- index on unfinished attempts does not look like a shortcut to the planner
-      AND a.outcome IN ('dispatched', 'running')
+      -- index on unfinished attempts does not look like a shortcut to the planner;
+      -- or reaped as lost while it ran (a stalled worker): its success still counts
+      AND (a.outcome IN ('dispatched', 'running') OR (a.outcome = 'lost' AND a.started_at IS NOT NULL))
     RETURNING a.job_id, a.attempt
 ), completed AS (
     UPDATE cron_at_scale_job AS j
@@ -131,8 +144,8 @@ WITH done AS (
         locked_until = CASE WHEN j.schedule_type = 'once' THEN NULL ELSE j.locked_until END,
         updated_at = statement_timestamp()
     WHERE j.id = ANY(ARRAY(SELECT job_id FROM done)) AND (
-        (j.schedule_type = 'once' AND j.status = 'in_progress'
-         AND j.attempts IN (SELECT d.attempt FROM done AS d WHERE d.job_id = j.id))
+        -- whichever attempt succeeded: a re-fired, retrying or lost-count-failed job is done
+        (j.schedule_type = 'once' AND j.status IN ('in_progress', 'pending', 'failed'))
         OR (j.schedule_type <> 'once' AND j.status = 'pending' AND j.buffered_at IS NOT NULL))
 ), target AS (
     -- The attempt to start: the message's own if still 'dispatched'. If it was marked
@@ -141,7 +154,7 @@ WITH done AS (
     -- still 'dispatched' (of the same occurrence, for a recurring job; none started in
     -- between): the job runs now, not a whole queue later, and that attempt's own
     -- message finds it started and is skipped.
-    SELECT CASE WHEN r.outcome = 'dispatched' THEN r.id ELSE (
+    SELECT CASE WHEN r.outcome = 'dispatched' OR r.run_token = %(token)s THEN r.id ELSE (
                SELECT t.id FROM cron_at_scale_jobattempt AS t
                WHERE t.job_id = r.job_id AND t.attempt > r.attempt AND t.outcome = 'dispatched'
                  AND (rj.schedule_type = 'once' OR t.scheduled_at = r.scheduled_at)
@@ -152,17 +165,26 @@ WITH done AS (
                ORDER BY t.attempt LIMIT 1) END AS id
     FROM cron_at_scale_jobattempt AS r, cron_at_scale_job AS rj
     WHERE r.job_id = %(job_id)s AND r.attempt = %(attempt)s AND rj.id = %(job_id)s
-      AND (r.outcome = 'dispatched' OR (r.outcome = 'lost' AND r.started_at IS NULL))
+      AND (r.outcome = 'dispatched' OR (r.outcome = 'lost' AND r.started_at IS NULL)
+           OR (r.outcome = 'running' AND r.run_token = %(token)s))
 )
 UPDATE cron_at_scale_jobattempt AS a
-SET started_at = statement_timestamp(),
-    outcome = CASE WHEN j.status = 'cancelled' THEN 'cancelled' ELSE 'running' END,
-    finished_at = CASE WHEN j.status = 'cancelled' THEN statement_timestamp() END,
+SET started_at = COALESCE(a.started_at, statement_timestamp()),
+    outcome = CASE WHEN a.outcome = 'running' THEN 'running'
+                   WHEN j.status = 'cancelled' THEN 'cancelled'
+                   WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'
+                   ELSE 'running' END,
+    finished_at = CASE WHEN a.outcome = 'dispatched'
+                        AND (j.status = 'cancelled' OR (j.schedule_type = 'once' AND j.status = 'completed'))
+                       THEN statement_timestamp() END,
+    error = CASE WHEN a.outcome = 'dispatched' AND j.schedule_type = 'once' AND j.status = 'completed'
+                 THEN 'not run: an earlier attempt of this job succeeded' ELSE a.error END,
     worker = %(worker)s,
+    run_token = %(token)s,
     locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
 FROM cron_at_scale_job AS j
 WHERE a.id = (SELECT id FROM target)
-  AND a.outcome = 'dispatched' AND j.id = a.job_id
+  AND (a.outcome = 'dispatched' OR (a.outcome = 'running' AND a.run_token = %(token)s)) AND j.id = a.job_id
 RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retries, j.max_retries, j.options,
           a.started_at, j.created_at, a.attempt;
 
@@ -170,10 +192,7 @@ RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retr
 -- Close an attempt and, for a one-off job still on this attempt, set its
 -- final status. An attempt whose job was cancelled while it ran ends
 -- 'cancelled' whatever the task returned (cooperative cancellation).
--- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
--- crashes in the next few ms this write is lost, the attempt's lease expires
--- and the job runs again as a new attempt (at-least-once).
-SET LOCAL synchronous_commit = off;
+-- Synchronous commit: an outcome a worker wrote survives a crash of PostgreSQL.
 WITH a AS (
     UPDATE cron_at_scale_jobattempt AS a
     SET finished_at = statement_timestamp(),
@@ -199,10 +218,7 @@ WHERE j.id = a.job_id AND (
 -- Close an attempt as retried and put its one-off job back to pending after
 -- %(delay)s seconds of backoff (database clock), one retry used. An attempt
 -- whose job was cancelled meanwhile ends 'cancelled' and the job stays so.
--- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
--- crashes in the next few ms this write is lost, the attempt's lease expires
--- and the job runs again as a new attempt (at-least-once).
-SET LOCAL synchronous_commit = off;
+-- Synchronous commit: an outcome a worker wrote survives a crash of PostgreSQL.
 WITH a AS (
     UPDATE cron_at_scale_jobattempt AS a
     SET finished_at = statement_timestamp(),
@@ -221,11 +237,11 @@ WHERE j.id = a.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress'
 
 -- name: heartbeat
 -- Extend the leases of attempts running in this worker process (and of their
--- one-off jobs, so the admin shows a live lease); report which of their jobs
--- were cancelled meanwhile.
+-- one-off jobs, so the admin shows a live lease); report, as (job_id, attempt,
+-- reason), the runs whose job was cancelled meanwhile ('cancelled') and those
+-- whose lease had already run out and were reaped ('lost': the job fired again).
 -- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
--- crashes in the next few ms this write is lost, the attempt's lease expires
--- and the job runs again as a new attempt (at-least-once).
+-- crashes in the next few ms this renewal is lost; the next one renews it.
 SET LOCAL synchronous_commit = off;
 WITH hb AS (
     UPDATE cron_at_scale_jobattempt AS a
@@ -242,8 +258,13 @@ WITH hb AS (
     WHERE j.id = ANY(ARRAY(SELECT job_id FROM hb)) AND j.schedule_type = 'once' AND j.status = 'in_progress'
       AND j.attempts IN (SELECT h.attempt FROM hb AS h WHERE h.job_id = j.id)
 )
-SELECT j.id FROM cron_at_scale_job AS j
-WHERE j.id = ANY(ARRAY(SELECT job_id FROM hb)) AND j.cancel_requested;
+SELECT j.id, h.attempt, 'cancelled' FROM hb AS h JOIN cron_at_scale_job AS j ON j.id = h.job_id
+WHERE j.cancel_requested
+UNION ALL
+SELECT o.job_id, o.attempt, 'lost'
+FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[]) AS r(job_id, attempt)
+CROSS JOIN LATERAL (SELECT job_id, attempt FROM cron_at_scale_jobattempt
+                    WHERE job_id = r.job_id AND attempt = r.attempt AND outcome = 'lost' LIMIT 1) AS o;
 
 -- name: reap
 -- Attempts whose lease expired with nobody finishing them (a dead worker, a
@@ -272,9 +293,11 @@ RETURNING a.job_id, a.attempt, a.scheduled_at, a.started_at IS NOT NULL;
 -- message, a long backlog) do not count: the job itself is not at fault.
 UPDATE cron_at_scale_job AS j
 SET status = CASE WHEN l.started AND j.lost_attempts + 1 >= %(max_lost)s THEN 'failed' ELSE 'pending' END,
+    -- due again now, but never before its own fire_at
     fire_at = CASE WHEN l.started AND j.lost_attempts + 1 >= %(max_lost)s THEN j.fire_at
-                   ELSE statement_timestamp() END,
+                   ELSE GREATEST(j.fire_at, statement_timestamp()) END,
     lost_attempts = j.lost_attempts + CASE WHEN l.started THEN 1 ELSE 0 END,
+    dispatch_losses = j.dispatch_losses + CASE WHEN l.started THEN 0 ELSE 1 END,
     locked_by = '', locked_until = NULL, updated_at = statement_timestamp()
 FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[], %(started)s::bool[]) AS l(job_id, attempt, started)
 WHERE j.id = l.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress' AND j.attempts = l.attempt
@@ -283,12 +306,14 @@ RETURNING j.id, j.status, j.attempts, j.task;
 -- name: refire_cron
 -- A lost run of a live cron job fires again under a new attempt number, for
 -- the same scheduled occurrence, until that occurrence lost %(max_lost)s runs.
+-- Also when the job was paused after that run was fired: the occurrence came
+-- due before the pause, and pausing stops later occurrences only.
 WITH j AS (
     UPDATE cron_at_scale_job AS j
     SET attempts = j.attempts + 1,
         lost_attempts = j.lost_attempts + CASE WHEN %(started)s THEN 1 ELSE 0 END,
         updated_at = statement_timestamp()
-    WHERE j.id = %(job_id)s AND j.schedule_type <> 'once' AND j.status = 'pending'
+    WHERE j.id = %(job_id)s AND j.schedule_type <> 'once' AND j.status IN ('pending', 'paused')
       AND (SELECT count(*) FROM cron_at_scale_jobattempt AS a
            WHERE a.job_id = %(job_id)s AND a.scheduled_at = %(scheduled_at)s AND a.outcome = 'lost'
              AND a.started_at IS NOT NULL) < %(max_lost)s
@@ -296,7 +321,7 @@ WITH j AS (
 ), logged AS (
     INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome)
     SELECT id, attempts, %(scheduled_at)s, statement_timestamp(),
-           statement_timestamp() + make_interval(secs => %(lease)s), 'dispatched'
+           GREATEST(statement_timestamp(), %(scheduled_at)s) + make_interval(secs => %(lease)s), 'dispatched'
     FROM j
 )
 SELECT id, attempts, %(scheduled_at)s::timestamptz, schedule_type, cron_expr, timezone, task, payload, queue, options
@@ -305,7 +330,7 @@ FROM j;
 -- name: requeue
 -- Failed jobs back to pending, due now, with their retries and lost attempts reset.
 UPDATE cron_at_scale_job
-SET status = 'pending', fire_at = statement_timestamp(), retries = 0, lost_attempts = 0,
+SET status = 'pending', fire_at = statement_timestamp(), retries = 0, lost_attempts = 0, dispatch_losses = 0,
     cancel_requested = false, locked_by = '', locked_until = NULL, updated_at = statement_timestamp()
 WHERE id = ANY(%(job_ids)s::uuid[]) AND status = 'failed'
   AND (key IS NULL OR NOT EXISTS (

@@ -11,8 +11,8 @@ database's ``now``. Rules, per job:
   ``t``) and ``gap`` is the time to the next occurrence: deterministic (a
   recomputation gives the same instant) and never past the next occurrence.
 * **Catch-up**: the occurrences due now are those from the job's pending one
-  up to ``now``; normally one. Those older than ``catchup_window`` seconds are
-  missed (counted in ``missed_occurrences``, never silently dropped). Within
+  up to ``now``; normally one. Those due (jitter included) more than
+  ``catchup_window`` seconds ago are missed (counted in ``missed_occurrences``, never silently dropped). Within
   the window, ``catchup='latest'`` (default) fires the latest once and counts
   the rest as missed; ``'all'`` fires every one; ``'skip'`` fires one only if
   it is the only one due (no gap), else none.
@@ -117,7 +117,7 @@ def plan(rec: Recurrence, occurrence: datetime, now: datetime, *, running: bool,
         if due_at > now:
             out.next_occurrence, out.next_fire_at = t, due_at
             break
-        if t < window_start:
+        if due_at < window_start:  # the window counts from when the run was due (jitter included)
             beyond += 1
             counted += 1
             if counted >= MAX_COUNTED:  # a very long outage: jump to the window, the count is a floor

@@ -33,12 +33,12 @@ import traceback as tb
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
-from uuid import UUID
+from uuid import UUID, uuid4
 
 from celery import Task
 from celery.exceptions import Ignore
 from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
-from django.db import connections
+from django.db import InterfaceError, OperationalError, connections
 
 from . import conf, db, metrics, retry
 from .publish import HEADER
@@ -62,6 +62,9 @@ class JobContext:
     max_retries: int
     cancel_requested: bool = False
     worker: str = ""
+    # The lease ran out (a stall longer than RUN_LEASE) and the job fired again: another run may
+    # be doing the same work now. Refreshed by the heartbeat; a success is still recorded.
+    lease_lost: bool = False
     options: dict = field(default_factory=dict, repr=False)
     occurrence: datetime | None = None  # a recurring run's nominal occurrence (fire_at without jitter)
 
@@ -71,8 +74,9 @@ _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("cr
 
 def current_job() -> JobContext | None:
     """Inside a scheduled run: its ``job_id``, ``attempt``, scheduled ``fire_at`` (when it was due),
-    ``occurrence`` (a recurring run's nominal schedule time) and ``cancel_requested`` (refreshed
-    by the heartbeat); ``None`` outside one."""
+    ``occurrence`` (a recurring run's nominal schedule time), ``cancel_requested`` and
+    ``lease_lost`` (both refreshed by the heartbeat: stop, or fence your own writes with the
+    attempt number, when either turns True); ``None`` outside one."""
     return _current.get()
 
 
@@ -159,8 +163,28 @@ class AttemptWriter:
 
     def start(self, job_id: str, attempt: int, worker: str):
         """Start ``attempt`` of ``job_id`` and write the completions handed over so far, in one
-        statement; its row (outcome, scheduled_at, ...) or None if this attempt is not to run."""
-        return self._write(job_id, attempt, worker)
+        statement; its row (outcome, scheduled_at, ...) or None if this attempt is not to run.
+        The outcome is ``running``, or ``cancelled``/``skipped`` (recorded, not to run).
+
+        While PostgreSQL is unreachable (a restart, a failover) the start is tried again with a
+        backoff for up to half the dispatch lease: the message is in hand, and an attempt still
+        unstarted after its lease is fired again anyway. The same token goes with every try, so
+        a try that committed without its reply is found, not skipped. Then the error is raised.
+        """
+        token = str(uuid4())
+        deadline = time.monotonic() + float(conf.get("DISPATCH_LEASE")) / 2
+        pause = 0.2
+        while True:
+            try:
+                return self._write(job_id, attempt, worker, token)
+            except (OperationalError, InterfaceError) as e:
+                if time.monotonic() + pause > deadline:
+                    raise
+                log.warning("starting job %s attempt %d: database unavailable (%s); trying again in %.1fs",
+                            job_id, attempt, str(e).strip()[:200], pause)
+                db.reset_connection()
+                time.sleep(pause)
+                pause = min(2.0, pause * 2)
 
     def flush(self) -> int:
         """Write the completions handed over so far (one statement); return how many.
@@ -168,15 +192,16 @@ class AttemptWriter:
         with self.cond:
             n = len(self.done)
         if n:
-            self._write(None, 0, "")
+            self._write(None, 0, "", None)
         return n
 
-    def _write(self, job_id: str | None, attempt: int, worker: str):
+    def _write(self, job_id: str | None, attempt: int, worker: str, token: str | None):
         with self.cond:
             batch, self.done = self.done, []
         try:
             return db.run("start_attempt", {
-                "job_id": job_id, "attempt": attempt, "worker": worker, "lease": float(conf.get("RUN_LEASE")),
+                "job_id": job_id, "attempt": attempt, "worker": worker, "token": token,
+                "lease": float(conf.get("RUN_LEASE")),
                 "done_job_ids": [b[0] for b in batch], "done_attempts": [b[1] for b in batch],
             }, fetch="one")
         except BaseException:
@@ -194,10 +219,17 @@ class AttemptWriter:
             "job_ids": [k[0] for k, _ in items],
             "attempts": [k[1] for k, _ in items],
         })
-        cancelled = {str(r[0]) for r in rows}
-        for (job_id, _), ctx in items:
-            if job_id in cancelled:
+        running = dict(items)
+        for job_id, attempt, reason in rows:
+            ctx = running.get((str(job_id), attempt))
+            if ctx is None:
+                continue
+            if reason == "cancelled":
                 ctx.cancel_requested = True
+            elif not ctx.lease_lost:
+                ctx.lease_lost = True
+                log.warning("job %s attempt %d: lease lost (reaped while running, the job fired again); "
+                            "its success will still be recorded", job_id, attempt)
 
     def _loop(self) -> None:
         interval = float(conf.get("HEARTBEAT_INTERVAL"))
@@ -297,8 +329,8 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
         attempt = started
     # firing lag, database clock on both ends; from the job's creation if it was scheduled at a past time
     metrics.observe_start((started_at - max(scheduled_at, created)).total_seconds())
-    if outcome == "cancelled":
-        log.info("skipping job %s attempt %d: cancelled", job_id, attempt)
+    if outcome != "running":  # recorded as cancelled (job cancelled) or skipped (job already completed)
+        log.info("skipping job %s attempt %d: %s", job_id, attempt, outcome)
         raise Ignore()
     ctx = JobContext(UUID(job_id), attempt, scheduled_at, schedule_type, retries, max_retries,
                      cancel_requested, me, _json(options), _occurrence(meta, scheduled_at))

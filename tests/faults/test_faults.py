@@ -447,3 +447,54 @@ def test_poison_task_ends_failed_after_its_lost_attempts(env):
     print(f"[faults] poison jobs announced on the dead-letter queue: {len(announced)} of {len(poison)}")
     assert sorted(announced) == sorted(poison), announced
 
+
+
+# ---------------------------------------------------------------------------
+# PostgreSQL crashes right after a worker started an attempt
+# ---------------------------------------------------------------------------
+
+
+def _ledger(path) -> list[tuple[str, int]]:
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [(job, int(attempt)) for job, attempt, *_ in (line.split() for line in lines)]
+
+
+def test_an_attempt_started_before_a_postgres_crash_never_runs_again_under_its_number(env, tmp_path):
+    """The attempt number is a fencing token, PostgreSQL crashes included: the start of an attempt is
+    durable before the task runs. Counted in a file ledger, since a task writing to the jobs' own
+    PostgreSQL would flush the scheduler's unflushed writes with its own commit."""
+    if env.pg.restart is None:
+        pytest.skip(f"no private PostgreSQL cluster to crash ({env.pg.why_private_failed})")
+    # Asynchronous commits wait up to 10 s in the WAL buffers (the WAL writer's longest delay);
+    # the dispatcher's own synchronous writes (its heartbeat) come every SHARD_LEASE / 4 = 30 s.
+    env.db.q("ALTER SYSTEM SET wal_writer_delay = '10s'")
+    env.db.q("SELECT pg_reload_conf()")
+    try:
+        s = env.system({**BASE, "SHARD_LEASE": 120.0})
+        s.worker("wa", concurrency=1)
+        s.dispatcher("d1")
+        s.wait_workers(["wa"])
+        ledger = tmp_path / "ledger.txt"
+        crashes = 0
+        for round_ in range(3):
+            time.sleep(2.0)  # past the dispatcher's start-up writes
+            (job,) = schedule_once(env.db, [(0.5, "demo.tasks.ledger", {"path": str(ledger), "seconds": 3})])
+            deadline = time.monotonic() + 30
+            while not any(j == job for j, _ in _ledger(ledger)) and time.monotonic() < deadline:
+                time.sleep(0.005)
+            assert any(j == job for j, _ in _ledger(ledger)), f"round {round_}: the job did not run\n{s.logs()}"
+            env.pg.restart("immediate")  # the moment the task has started
+            env.db.q("SELECT 1")  # reconnect the test's own connection
+            crashes += 1
+        wait_settled(env.db, 90)
+        time.sleep(2.0)  # a re-fire under a reused attempt number would run now
+    finally:
+        env.db.q("ALTER SYSTEM RESET wal_writer_delay")
+        env.db.q("SELECT pg_reload_conf()")
+    runs = _ledger(ledger)
+    twice = {pair: n for pair in set(runs) if (n := runs.count(pair)) > 1}
+    assert crashes == 3 and not twice, f"(job, attempt) executed more than once: {twice}\n{runs}\n{s.logs()}"
+    record(faultkit.Report(scenario="postgres crash right after a start", jobs=3, executions=len(runs)))

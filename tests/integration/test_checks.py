@@ -31,6 +31,13 @@ def test_a_database_that_is_not_postgresql_is_an_error(monkeypatch):
     assert "cron_at_scale.E002" in ids()
 
 
+def test_a_server_that_may_lose_an_attempts_start_is_a_warning():
+    from helpers import sql
+
+    sql("SET LOCAL synchronous_commit = off")  # as a server-wide setting would read
+    assert "cron_at_scale.W004" in ids()
+
+
 def test_an_app_without_jobtask_is_an_error(settings):
     settings.CRON_AT_SCALE = {"CELERY_APP": "test_checks:plain_app"}
     from cron_at_scale.app import _configured_app

@@ -32,24 +32,43 @@ def test_the_loop_publishes_on_its_sender_and_close_publishes_what_is_queued(bro
     assert d.sender.thread is None
 
 
-def test_a_batch_that_fails_to_publish_is_logged_and_the_next_ones_go_out(broker, monkeypatch, caplog):
+def test_a_broker_blip_is_retried_and_every_batch_goes_out(broker, monkeypatch):
     cron_at_scale.schedule_many([{"task": noop.name, "args": [i]} for i in range(300)])
     real = Publisher.publish
     calls = []
 
     def flaky(self, batch):
         calls.append(len(batch))
-        if len(calls) == 1:
-            raise ConnectionError("broker down")
+        if len(calls) <= 2:
+            raise ConnectionError("broker restarting")
         return real(self, batch)
 
     monkeypatch.setattr(Publisher, "publish", flaky)
     d = Dispatcher(name="s", shards="all", batch_size=100, app=broker)
+    while d.step(wait=False):
+        pass
+    d.close()
+    assert calls == [100, 100, 100, 100, 100]  # the first batch three times
+    assert queued(broker) == 300 == d.published_total
+
+
+def test_a_batch_that_fails_for_half_its_lease_is_logged_and_the_next_ones_go_out(broker, monkeypatch, caplog):
+    cron_at_scale.schedule_many([{"task": noop.name, "args": [i]} for i in range(300)])
+    real = Publisher.publish
+    calls = []
+
+    def down_for_a_while(self, batch):
+        calls.append(batch[0].job_id)
+        if batch[0].job_id == calls[0]:  # the first batch, every time: its retries run out after 0.5 s
+            raise ConnectionError("broker down")
+        return real(self, batch)
+
+    monkeypatch.setattr(Publisher, "publish", down_for_a_while)
+    d = Dispatcher(name="s", shards="all", batch_size=100, app=broker, lease=1.0, lookahead=0)
     with caplog.at_level(logging.ERROR, logger="cron_at_scale.publish"):
         while d.step(wait=False):
             pass
         d.close()
-    assert calls == [100, 100, 100]
     assert "publishing 100 claimed jobs failed; the reaper will re-fire them" in caplog.text
     assert queued(broker) == 200 == d.published_total
     # the unsent batch stays claimed under its dispatch lease: the reaper fires it again

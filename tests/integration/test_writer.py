@@ -166,7 +166,7 @@ def test_worker_statements_reach_rows_by_key_once_the_tables_have_grown(started,
     sql("ANALYZE cron_at_scale_jobattempt")  # as autovacuum does after such growth
     monkeypatch.setattr(db, "REPLAN_SECONDS", 0.0)  # the statements measured below are prepared now
     (done_id, done_attempt), nxt = runs[100], fresh[0]
-    start_plan = _plan("start_attempt", {"job_id": str(nxt.job_id), "attempt": nxt.attempt, "worker": "w",
+    start_plan = _plan("start_attempt", {"job_id": str(nxt.job_id), "attempt": nxt.attempt, "worker": "w", "token": None,
                                          "lease": 60.0, "done_job_ids": [done_id], "done_attempts": [done_attempt]})
     beat_plan = _plan("heartbeat", {"lease": 60.0, "job_ids": [runs[101][0]], "attempts": [runs[101][1]]})
     for plan in (start_plan, beat_plan):

@@ -125,3 +125,16 @@ def test_every_due_occurrence_is_fired_missed_or_skipped(start_s, late_s, catchu
     assert len(p.fire) + p.missed + len(p.skipped) == due
     assert p.next_occurrence > now and p.next_occurrence == occ + timedelta(seconds=60 * due)
     assert all(now - timedelta(seconds=window) <= o <= now for o, _ in p.fire)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_jitter_never_turns_an_on_time_run_into_a_missed_one(seed):
+    # An hourly job with jitter up to 30 minutes and the default 5-minute catch-up window: a run fired
+    # at its jittered time is on time, however far that is from the un-jittered hour.
+    rec = Recurrence(f"job-{seed}", "cron", "0 * * * *", "UTC", jitter=1800, catchup_window=300)
+    due = rec.jittered(T0)
+    for late in (0.0, 1.0, 299.0):
+        p = plan(rec, T0, due + timedelta(seconds=late), running=False)
+        assert p.fire == [(T0, due)] and p.missed == 0, (due - T0, late)
+    p = plan(rec, T0, due + timedelta(seconds=301), running=False)  # due more than the window ago: missed
+    assert p.fire == [] and p.missed == 1

@@ -1,0 +1,260 @@
+"""The promises of the attempt log, statement by statement on PostgreSQL: a success is never discarded,
+nothing starts before its fire_at, a retried start runs its own attempt, and the dispatcher's
+bookkeeping survives requeues, pauses and shard handovers. (PostgreSQL crashes: tests/faults.)"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import psycopg2
+import pytest
+from demo.tasks import noop
+from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
+from helpers import sql
+
+import cron_at_scale
+from cron_at_scale import conf, db, worker
+from cron_at_scale.dispatcher import Dispatcher
+from cron_at_scale.models import Job, JobAttempt
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def dispatcher(monkeypatch):
+    published = []
+    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: published.extend(batch) or len(batch))
+    monkeypatch.setattr("cron_at_scale.dlq.announce", lambda *a: None)
+    d = Dispatcher(name="t", lease=30, lookahead=0)
+    d.published = published
+    return d
+
+
+def expire(job_id, attempt):
+    sql("UPDATE cron_at_scale_jobattempt SET locked_until = statement_timestamp() - interval '1 second' "
+        "WHERE job_id = %s AND attempt = %s", [job_id, attempt])
+
+
+def start(job_id, attempt: int, token: str | None = None):
+    return db.run("start_attempt", {"job_id": str(job_id), "attempt": attempt, "worker": "w", "token": token,
+                                    "lease": 60.0, "done_job_ids": [], "done_attempts": []}, fetch="one")
+
+
+def outcomes(job_id):
+    return list(JobAttempt.objects.filter(job_id=job_id).order_by("attempt").values_list("outcome", flat=True))
+
+
+# -- a success is never discarded ---------------------------------------------------------------
+
+
+def test_the_success_of_a_run_reaped_while_it_stalled_completes_its_job(dispatcher):
+    job = cron_at_scale.schedule(noop)
+    dispatcher.claim()
+    writer = worker.AttemptWriter()
+    assert writer.start(str(job.id), 1, "w")[0] == "running"
+    for attempt in (1, 2, 3):  # stalls longer than RUN_LEASE, each reaped and fired again
+        expire(job.id, attempt)
+        assert dispatcher.reap() == 1
+        assert len(dispatcher.claim()) == 1
+        if attempt < 3:
+            assert writer.start(str(job.id), attempt + 1, "w")[0] == "running"
+    writer.write_now(str(job.id), 1)  # the first run, resumed, returns
+    row = Job.objects.get(id=job.id)
+    assert row.status == "completed"
+    assert outcomes(job.id) == ["succeeded", "lost", "lost", "dispatched"]
+    # the run fired again after the success is not run: its job is done
+    assert writer.start(str(job.id), 4, "w")[0] == "skipped"
+    assert outcomes(job.id)[-1] == "skipped"
+
+
+def test_a_job_failed_for_lost_runs_is_completed_when_one_of_them_returns(dispatcher, settings):
+    settings.CRON_AT_SCALE = {"MAX_LOST_ATTEMPTS": 2}
+    dispatcher.max_lost = 2
+    job = cron_at_scale.schedule(noop)
+    writer = worker.AttemptWriter()
+    for attempt in (1, 2):
+        dispatcher.claim()
+        writer.start(str(job.id), attempt, "w")
+        expire(job.id, attempt)
+        dispatcher.reap()
+    assert Job.objects.get(id=job.id).status == "failed"
+    writer.write_now(str(job.id), 2)
+    assert Job.objects.get(id=job.id).status == "completed"
+
+
+def test_a_running_task_learns_that_its_lease_was_lost(dispatcher):
+    job = cron_at_scale.schedule(noop)
+    dispatcher.claim()
+    writer = worker.AttemptWriter()
+    row = writer.start(str(job.id), 1, "w")
+    ctx = worker.JobContext(job.id, 1, row[1], "once", 0, 3)
+    writer.add(ctx)
+    try:
+        writer.beat()
+        assert not ctx.lease_lost
+        expire(job.id, 1)
+        dispatcher.reap()
+        writer.beat()
+        assert ctx.lease_lost and not ctx.cancel_requested
+    finally:
+        writer.remove(ctx)
+        writer.stop()
+
+
+# -- nothing starts before its fire_at --------------------------------------------------------
+
+
+def test_settings_that_would_fire_early_are_refused_naming_both(settings):
+    settings.CRON_AT_SCALE = {"LOOKAHEAD": 5.0, "DISPATCH_LEASE": 5.0}
+    problems = conf.problems()
+    assert any("LOOKAHEAD" in p and "DISPATCH_LEASE" in p for p in problems), problems
+    with pytest.raises(ImproperlyConfigured, match="DISPATCH_LEASE"):
+        Dispatcher(name="x")
+    settings.CRON_AT_SCALE = {}
+    with pytest.raises(ImproperlyConfigured, match="LOOKAHEAD"):
+        Dispatcher(name="x", lookahead=2.0, lease=1.0)
+    settings.CRON_AT_SCALE = {"HEARTBEAT_INTERVAL": 60.0, "RUN_LEASE": 60.0}
+    assert any("HEARTBEAT_INTERVAL" in p and "RUN_LEASE" in p for p in conf.problems())
+
+
+def test_a_run_held_for_its_fire_at_has_a_lease_that_counts_from_it():
+    job = cron_at_scale.schedule(noop, countdown=0.9)
+    runs = Dispatcher(name="t", lease=1.0, lookahead=0.95).claim()
+    assert [r.job_id for r in runs] == [job.id]
+    (locked_until, fire_at), = sql("SELECT a.locked_until, j.fire_at FROM cron_at_scale_jobattempt a "
+                                   "JOIN cron_at_scale_job j ON j.id = a.job_id")
+    assert locked_until >= fire_at + timedelta(seconds=1.0)
+
+
+def test_a_run_reaped_before_its_fire_at_is_not_due_again_before_it(dispatcher):
+    job = cron_at_scale.schedule(noop, countdown=30)
+    d = Dispatcher(name="t2", lease=40, lookahead=35)
+    assert len(d.claim()) == 1
+    expire(job.id, 1)  # however its lease ran out
+    assert dispatcher.reap() == 1
+    row = Job.objects.get(id=job.id)
+    assert row.status == "pending" and row.fire_at == job.fire_at
+    assert dispatcher.claim() == []  # not due: nothing fires early
+
+
+def test_a_lost_recurring_run_fires_again_no_earlier_than_its_occurrence(dispatcher):
+    job = cron_at_scale.schedule(noop, cron="* * * * *")
+    d = Dispatcher(name="t2", lease=70, lookahead=60)
+    runs = d.claim()
+    assert len(runs) == 1 and runs[0].fire_at > job.created_at
+    (locked_until,), = sql("SELECT locked_until FROM cron_at_scale_jobattempt")
+    assert locked_until >= runs[0].fire_at + timedelta(seconds=70)
+
+
+# -- a start retried after its reply was lost ----------------------------------------------
+
+
+def test_a_start_retried_after_its_commit_runs_its_attempt_and_a_duplicate_is_still_skipped(dispatcher):
+    job = cron_at_scale.schedule(noop)
+    dispatcher.claim()
+    token = "00000000-0000-4000-8000-000000000001"
+    assert start(job.id, 1, token)[0] == "running"
+    # the first try committed but its reply was lost: the retry, with the same token, runs it
+    again = start(job.id, 1, token)
+    assert again is not None and again[0] == "running" and again[-1] == 1
+    assert start(job.id, 1, "00000000-0000-4000-8000-000000000002") is None  # another delivery: skipped
+    assert start(job.id, 1) is None
+
+
+def test_a_start_whose_reply_is_lost_is_retried_by_the_writer_and_runs(dispatcher, monkeypatch):
+    job = cron_at_scale.schedule(noop)
+    dispatcher.claim()
+    real_fetch, cut = db._fetch, []
+
+    def reply_lost(cur, fetch):
+        if not cut:
+            cut.append(1)
+            raise db.OperationalError("server closed the connection unexpectedly")  # after the commit
+        return real_fetch(cur, fetch)
+
+    monkeypatch.setattr(db, "_fetch", reply_lost)
+    monkeypatch.setattr(db, "reset_connection", lambda: None)
+    row = worker.AttemptWriter().start(str(job.id), 1, "w")
+    assert cut and row is not None and row[0] == "running"
+
+
+# -- the dispatcher's bookkeeping -------------------------------------------------------------
+
+
+def test_requeue_resets_the_dispatch_lease_back_off(dispatcher):
+    job = cron_at_scale.schedule(noop)
+    for attempt in (1, 2, 3, 4):  # four messages lost before any worker started them
+        dispatcher.claim()
+        expire(job.id, attempt)
+        dispatcher.reap()
+    sql("UPDATE cron_at_scale_job SET status = 'failed' WHERE id = %s", [job.id])
+    assert cron_at_scale.requeue(job.id) == 1
+    dispatcher.claim()
+    (lease,), = sql("SELECT extract(epoch FROM a.locked_until - a.dispatched_at) FROM cron_at_scale_jobattempt a "
+                    "WHERE job_id = %s AND attempt = 5", [job.id])
+    assert 29 <= float(lease) <= 31  # one DISPATCH_LEASE, not 16
+
+
+def test_a_paused_recurring_jobs_lost_run_fires_again(dispatcher):
+    job = cron_at_scale.schedule(noop, cron="* * * * * *")
+    sql("UPDATE cron_at_scale_job SET fire_at = fire_at - interval '1 second', "
+        "occurrence_at = occurrence_at - interval '1 second' WHERE id = %s", [job.id])
+    assert len(dispatcher.claim()) == 1
+    cron_at_scale.pause(job.id)
+    expire(job.id, 1)
+    dispatcher.published.clear()
+    assert dispatcher.reap() == 1
+    assert [(r.job_id, r.attempt) for r in dispatcher.published] == [(job.id, 2)]
+    assert outcomes(job.id) == ["lost", "dispatched"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_overlap_check_sees_a_run_committed_after_the_claims_snapshot(monkeypatch):
+    # A peer dispatcher (a shard handover) commits a run of the job between the claim statement's
+    # snapshot and its row lock. Emulated: the run is committed from another connection right after
+    # the claim statement, while the claim's transaction still holds the row.
+    job = cron_at_scale.schedule(noop, cron="* * * * * *")
+    sql("UPDATE cron_at_scale_job SET fire_at = fire_at - interval '1 second', "
+        "occurrence_at = occurrence_at - interval '1 second' WHERE id = %s", [job.id])
+    params = connection.get_connection_params()
+    peer = psycopg2.connect(**{k: v for k, v in params.items() if k in ("host", "port", "user", "password", "dbname",
+                                                                      "database")})
+    peer.autocommit = True
+    real_run = db.run
+
+    def run(name, *a, **kw):
+        out = real_run(name, *a, **kw)
+        if name == "claim":
+            with peer.cursor() as cur:
+                cur.execute("INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, "
+                            "locked_until, outcome, worker, error, traceback) VALUES (%s, 99, now(), now(), "
+                            "now() + interval '1 minute', 'running', 'peer', '', '')", [str(job.id)])
+        return out
+
+    monkeypatch.setattr(db, "run", run)
+    try:
+        monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: len(batch))
+        runs = Dispatcher(name="t", lookahead=0).claim()
+    finally:
+        peer.close()
+    assert runs == []
+    assert Job.objects.get(id=job.id).skipped_occurrences == 1
+
+
+def test_a_start_keeps_trying_through_a_database_outage(dispatcher, monkeypatch):
+    job = cron_at_scale.schedule(noop)
+    dispatcher.claim()
+    real_fetch, cuts = db._fetch, []
+
+    def outage(cur, fetch):
+        if len(cuts) < 4:  # more failures than one statement's own reconnect covers
+            cuts.append(1)
+            raise db.OperationalError("the database system is starting up")
+        return real_fetch(cur, fetch)
+
+    monkeypatch.setattr(db, "_fetch", outage)
+    monkeypatch.setattr(db, "reset_connection", lambda: None)
+    monkeypatch.setattr(worker.time, "sleep", lambda s: None)
+    row = worker.AttemptWriter().start(str(job.id), 1, "w")
+    assert len(cuts) == 4 and row is not None and row[0] == "running"
