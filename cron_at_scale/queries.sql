@@ -416,3 +416,19 @@ ON CONFLICT (shard) DO NOTHING;
 SET LOCAL synchronous_commit = off;
 UPDATE cron_at_scale_jobattempt SET result = %(result)s::jsonb
 WHERE job_id = %(job_id)s AND attempt = %(attempt)s;
+
+-- name: running_attempt_of_worker
+-- The worker's parent saw pool process %(worker)s die (hard time limit, a
+-- signal) while it ran the message of attempt %(attempt)s of job %(job_id)s:
+-- the attempt that process is still 'running' (its message's own, or a later
+-- one it took over, see start_attempt), with what the job's retry policy
+-- needs. No row: that process started nothing, or the attempt already ended
+-- (its success was written, the reaper marked it lost); then nothing is
+-- written. The caller ends it with retry_attempt or finish_attempt, which
+-- touch it only while it is unfinished, i.e. still running.
+SELECT a.attempt, j.schedule_type, j.retries, j.max_retries, j.options
+FROM cron_at_scale_jobattempt AS a, cron_at_scale_job AS j
+WHERE a.job_id = %(job_id)s AND a.attempt >= %(attempt)s AND a.outcome = 'running' AND a.worker = %(worker)s
+  AND j.id = a.job_id
+ORDER BY a.attempt
+LIMIT 1;

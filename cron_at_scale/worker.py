@@ -413,3 +413,6 @@ def _as_retryable(cause: BaseException) -> BaseException:
     from .exceptions import RetryableError
 
     return cause if isinstance(cause, RetryableError) else RetryableError(str(cause))
+
+
+from . import worker_lost  # noqa: E402,F401  (its signal receivers: the parent records a pool process dying in a run)

@@ -1,6 +1,7 @@
 """Tasks the demo and the tests schedule."""
 
 import os
+import signal
 import time
 
 from celery import shared_task
@@ -46,10 +47,35 @@ def fail(times: int = 1):
     record()
 
 
-@shared_task
+@shared_task(retry_backoff=0.2, retry_jitter=False)
 def crash():
-    """Kill the worker process running it (a poison job): no Python cleanup, like a segfault."""
+    """Kill the worker process running it (a poison job): no Python cleanup, like a segfault.
+    The worker's parent records the attempt failed ("exit code 1"), retried per the job's policy."""
     os._exit(1)
+
+
+def _dies(times) -> bool:
+    job = current_job()
+    return times is None or (job is not None and job.attempt <= int(times))
+
+
+@shared_task(retry_backoff=0.2, retry_jitter=False)
+def kill_self(times: int | None = None):
+    """SIGKILL the pool process running it (as the OOM killer would) on the first ``times`` attempts
+    (every attempt when None), then record a run."""
+    if _dies(times):
+        os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(10)  # the signal is asynchronous: never return before it lands
+    record()
+
+
+@shared_task(time_limit=2, retry_backoff=0.2, retry_jitter=False)
+def over_time_limit(times: int | None = None, seconds: float = 30.0):
+    """Sleep ``seconds`` past Celery's hard ``time_limit`` (2 s: the parent terminates the process)
+    on the first ``times`` attempts (every attempt when None), then record a run."""
+    if _dies(times):
+        time.sleep(float(seconds))
+    record()
 
 
 @shared_task(autoretry_for=(ValueError,), retry_backoff=1, retry_jitter=False)

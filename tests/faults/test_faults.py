@@ -415,10 +415,12 @@ def test_long_task_kept_by_heartbeat_and_rerun_after_worker_death(env):
 # 8. A poison task that kills its worker process every time
 # ---------------------------------------------------------------------------
 
-POISON = {**BASE, "RUN_LEASE": 2.0, "HEARTBEAT_INTERVAL": 0.5, "MAX_LOST_ATTEMPTS": 3}
+# RUN_LEASE 60 s and MAX_LOST_ATTEMPTS 3: the lease path (3 lost runs of 60 s each) would outlast the wait;
+# the worker's parent records each death at once and the job's own policy (max_retries 3) ends it.
+POISON = {**BASE, "RUN_LEASE": 60.0, "HEARTBEAT_INTERVAL": 20.0, "MAX_LOST_ATTEMPTS": 3}
 
 
-def test_poison_task_ends_failed_after_its_lost_attempts(env):
+def test_poison_task_ends_failed_by_its_retry_policy(env):
     s = env.system(POISON)
     s.worker("wa")
     s.worker("wb")
@@ -428,11 +430,13 @@ def test_poison_task_ends_failed_after_its_lost_attempts(env):
     poison = schedule_once(env.db, [(1.0 + i, "demo.tasks.crash", {}) for i in range(3)], expect="failed")
     schedule_once(env.db, burst(1000, 6))
     r = finish(env, s, "8 poison task (kills its worker)", t0, timeout=90)
-    rows = env.db.q("SELECT status, attempts, lost_attempts FROM cron_at_scale_job WHERE id = ANY(%s::uuid[])", (poison,))
-    assert rows == [("failed", 3, 3)] * 3, rows
-    outcomes = env.db.q("""SELECT outcome, count(*) FROM cron_at_scale_jobattempt WHERE job_id = ANY(%s::uuid[])
-                           GROUP BY 1""", (poison,))
-    assert outcomes == [("lost", 9)], outcomes
+    rows = env.db.q("SELECT status, attempts, retries, lost_attempts FROM cron_at_scale_job WHERE id = ANY(%s::uuid[])",
+                    (poison,))
+    assert rows == [("failed", 4, 3, 0)] * 3, rows  # max_retries 3 (the default): four runs, none lost
+    outcomes = env.db.q("""SELECT outcome, error, count(*) FROM cron_at_scale_jobattempt WHERE job_id = ANY(%s::uuid[])
+                           GROUP BY 1, 2 ORDER BY 1""", (poison,))
+    cause = "billiard.exceptions.WorkerLostError: worker process exited with exit code 1"
+    assert outcomes == [("failed", cause, 3), ("retried", cause, 9)], outcomes
     # The other jobs: all completed (checked), and not one re-executed.
     assert r.reexecuted_jobs == 0
     # ... and they are announced on the dead-letter queue, once each.
