@@ -153,7 +153,8 @@ class Watchdog:
             self.waiting, self.waiting_since = None, None
             if self.state in ("stuck", "recovering"):
                 log.warning("worker %s consumes again (%s)", self.name, self.state)
-                self.state, self.stuck_at, self.note = "ok", None, "recovered" if self.recovered else ""
+                self.note = f"consuming again ({self.note})" if self.state == "recovering" else ""
+                self.state, self.stuck_at = "ok", None
             return
         self.waiting = self.depth()
         if not self.waiting or self.busy() >= self.concurrency:
