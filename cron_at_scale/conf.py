@@ -29,6 +29,13 @@ DEFAULTS: dict[str, Any] = {
     # Lost attempts (lease expired, nobody finished) after which a job goes to the DLQ:
     # a poison job that kills its worker must not loop forever.
     "MAX_LOST_ATTEMPTS": 5,
+    # A Celery worker's main process writes its health row (cron_status, metrics) this often,
+    # and its watchdog checks then whether it stopped consuming.
+    "WORKER_HEARTBEAT_INTERVAL": 5.0,
+    # A worker whose queues held messages for this long while it had a free pool slot and
+    # received nothing is stuck: it re-adds lost queue consumers once, else exits (status 70)
+    # so that its supervisor restarts it. None: report only, never act.
+    "WORKER_STUCK_AFTER": 60.0,
     # Check at schedule() time that the task name is registered with the Celery app.
     "VALIDATE_TASK_NAMES": True,
     # Payload (args + kwargs as JSON) size limit, bytes.
@@ -49,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
 
 
 _POSITIVE = ("BATCH_SIZE", "POLL_INTERVAL", "MAX_BROKER_DEPTH", "SHARD_LEASE", "DISPATCH_LEASE", "RUN_LEASE", "HEARTBEAT_INTERVAL",
-             "REAPER_INTERVAL", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES")
+             "REAPER_INTERVAL", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES", "WORKER_HEARTBEAT_INTERVAL")
 _INTEGER = ("MAX_BROKER_DEPTH", "BATCH_SIZE", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES")
 
 
@@ -80,6 +87,9 @@ def problems() -> list[str]:
     if retention is not None and (isinstance(retention, bool) or not isinstance(retention, (int, float))
                                   or retention < 0):
         out.append(f"CRON_AT_SCALE['RETENTION'] must be seconds >= 0 or None, got {retention!r}")
+    stuck = user.get("WORKER_STUCK_AFTER", DEFAULTS["WORKER_STUCK_AFTER"])
+    if stuck is not None and (isinstance(stuck, bool) or not isinstance(stuck, (int, float)) or not stuck > 0):
+        out.append(f"CRON_AT_SCALE['WORKER_STUCK_AFTER'] must be seconds > 0 or None, got {stuck!r}")
     app_path = user.get("CELERY_APP")
     if app_path is not None and (not isinstance(app_path, str) or ":" not in app_path):
         out.append(f"CRON_AT_SCALE['CELERY_APP'] must be 'module:attribute' or None, got {app_path!r}")

@@ -150,6 +150,24 @@ class DatabaseCollector:
         yield CounterMetricFamily("cron_missed_occurrences", "Cron occurrences skipped because nobody fired them "
                                   "within their catch-up window (sum over recurring jobs).",
                                   value=snap.missed_occurrences)
+        alive = [w for w in snap.workers if w["alive"]]
+        yield GaugeMetricFamily("cron_workers_alive", "Celery workers whose health heartbeat is recent.",
+                                value=len(alive))
+        yield GaugeMetricFamily("cron_workers_stuck", "Live Celery workers that stopped consuming while messages "
+                                "wait in their queues (stuck, recovering or exiting).",
+                                value=sum(1 for w in alive if w["stuck"]))
+        idle = GaugeMetricFamily("cron_worker_last_consumed_seconds", "Seconds since a live worker received its "
+                                 "latest task message (since it started, if none).", labels=["worker", "queue"])
+        stuck = GaugeMetricFamily("cron_worker_stuck", "1 while a live worker is stuck (see cron_workers_stuck).",
+                                  labels=["worker", "queue"])
+        for w in alive:
+            ago = w["last_received_seconds_ago"]
+            for q in w["queues"] or [""]:
+                if ago is not None:
+                    idle.add_metric([w["name"], q], ago)
+                stuck.add_metric([w["name"], q], 1 if w["stuck"] else 0)
+        yield idle
+        yield stuck
         lag = GaugeMetricFamily("cron_recent_firing_lag_seconds", "Firing lag (fire_at to start) of the attempts "
                                 f"started in the last {status.DEFAULT_WINDOW:.0f} s (latest {status.LAG_SAMPLE} "
                                 "attempts), by quantile.", labels=["quantile"])

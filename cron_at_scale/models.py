@@ -231,3 +231,31 @@ class DispatcherHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class WorkerHealth(models.Model):
+    """A Celery worker's main process, as its watchdog last reported it (cron_at_scale.worker_health).
+
+    Written every ``WORKER_HEARTBEAT_INTERVAL`` seconds by the worker itself (database clock);
+    ``cron_status`` and the metrics read it. ``state``: ``ok``, ``stuck`` (messages wait in its
+    queues, it has free pool slots and received nothing), ``recovering`` (its lost queue consumers
+    were added back), ``exiting`` (it shuts down so that its supervisor restarts it), ``stopped``.
+    """
+
+    name = models.CharField(max_length=200, primary_key=True)  # Celery node name, e.g. w1@host
+    pid = models.IntegerField()
+    queues = models.JSONField(default=list)
+    concurrency = models.IntegerField(default=0)
+    running = models.IntegerField(default=0)  # tasks executing in its pool at the last heartbeat
+    received = models.BigIntegerField(default=0)  # task messages received since it started
+    started_at = models.DateTimeField(db_default=Now())
+    last_seen = models.DateTimeField(db_default=Now())
+    last_received = models.DateTimeField(null=True)  # latest task message received (None: none yet)
+    waiting = models.IntegerField(null=True)  # messages seen in its queues at its last check (None: not checked)
+    state = models.CharField(max_length=20, default="ok")
+    stuck_since = models.DateTimeField(null=True)
+    stuck_count = models.IntegerField(default=0)  # stuck episodes of this process
+    note = models.TextField(blank=True, default="")
+
+    def __str__(self) -> str:
+        return self.name

@@ -37,6 +37,7 @@ _RECENT_LAGS = """
 """
 DEFAULT_WINDOW = 300.0  # seconds of attempts the lag figures cover
 DISPATCHER_SEEN = 60.0  # seconds: a dispatcher that claimed or polled within this is alive
+WORKERS_SHOWN = 3600.0  # seconds: workers last seen longer ago are not listed
 BUCKETS = ("overdue", "next_minute", "next_hour", "next_day", "later")
 
 # (bucket, lower bound, upper bound) as SQL intervals from now; the partial index on fire_at serves each.
@@ -65,6 +66,9 @@ class Status:
     missed_occurrences: int  # sum over recurring jobs
     dispatchers_alive: int
     dispatchers: list[str] = field(default_factory=list)
+    # Celery workers with a health row seen within WORKERS_SHOWN seconds (cron_at_scale.worker_health):
+    # name, queues, alive, stuck, state, last_received_seconds_ago, running, concurrency, waiting, note
+    workers: list[dict[str, Any]] = field(default_factory=list)
     capped: list[str] = field(default_factory=list)  # figures that hit their count cap (true value >= shown)
     estimated: list[str] = field(default_factory=list)  # figures from the planner's statistics
 
@@ -201,6 +205,51 @@ def _ranges(shards: list[int]) -> str:
     return ", ".join(out) or "none"
 
 
+def workers(cur) -> list[dict[str, Any]]:
+    """Celery workers' health rows seen within ``WORKERS_SHOWN`` seconds (at most 500), by name.
+
+    ``alive``: its heartbeat is younger than 3 ``WORKER_HEARTBEAT_INTERVAL``s. ``stuck``: alive and
+    its watchdog reports it stuck, recovering or exiting. Seconds are from the database clock.
+    Empty where the table does not exist yet (an older schema).
+    """
+    from django.db import DatabaseError, transaction
+
+    from . import conf
+
+    ttl = 3 * float(conf.get("WORKER_HEARTBEAT_INTERVAL"))
+    try:
+        with transaction.atomic():  # a savepoint: a missing table must not break the caller's transaction
+            cur.execute(
+                """
+                SELECT name, pid, queues, concurrency, running, received, state, waiting, note, stuck_count,
+                       last_seen > statement_timestamp() - make_interval(secs => %s) AS alive,
+                       extract(epoch FROM statement_timestamp() - last_seen)::float8,
+                       extract(epoch FROM statement_timestamp() - last_received)::float8,
+                       extract(epoch FROM statement_timestamp() - stuck_since)::float8
+                FROM cron_at_scale_workerhealth
+                WHERE last_seen > statement_timestamp() - make_interval(secs => %s)
+                ORDER BY name LIMIT 500
+                """,
+                [ttl, WORKERS_SHOWN],
+            )
+            rows = cur.fetchall()
+    except DatabaseError:
+        return []
+    out = []
+    for (name, pid, queues, conc, running, received, state, waiting, note, stuck_count, alive, seen_ago,
+         received_ago, stuck_for) in rows:
+        out.append({
+            "name": name, "pid": pid, "queues": json.loads(queues) if isinstance(queues, str) else list(queues or []),
+            "alive": bool(alive and state != "stopped"), "state": state,
+            "stuck": bool(alive and state in ("stuck", "recovering", "exiting")),
+            "stuck_seconds": None if stuck_for is None else round(stuck_for, 1), "stuck_count": stuck_count,
+            "last_seen_seconds_ago": round(seen_ago, 1),
+            "last_received_seconds_ago": None if received_ago is None else round(received_ago, 1),
+            "received": received, "running": running, "concurrency": conc, "waiting": waiting, "note": note,
+        })
+    return out
+
+
 def snapshot(window: float = DEFAULT_WINDOW) -> Status:
     """Collect every figure (a dozen bounded statements, a few ms on an idle database)."""
     capped: list[str] = []
@@ -248,9 +297,10 @@ def snapshot(window: float = DEFAULT_WINDOW) -> Status:
         (missed,) = _one(cur, "SELECT coalesce(sum(missed_occurrences), 0) FROM cron_at_scale_job "
                               "WHERE NOT schedule_type = 'once'")
         alive, names = _dispatchers(cur)
+        worker_rows = workers(cur)
     return Status(
         db_now=db_now.isoformat(), pending=pending, oldest_overdue_seconds=round(overdue, 3),
         lag_seconds=lag, lag_window_seconds=window, lag_sample=sample, in_progress=in_progress,
         expired_leases=expired, dlq=dlq, paused=paused, missed_occurrences=int(missed),
-        dispatchers_alive=alive, dispatchers=names, capped=capped, estimated=estimated,
+        dispatchers_alive=alive, dispatchers=names, workers=worker_rows, capped=capped, estimated=estimated,
     )

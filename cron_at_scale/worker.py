@@ -40,7 +40,7 @@ from celery.exceptions import Ignore
 from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 from django.db import InterfaceError, OperationalError, connections
 
-from . import conf, db, metrics, retry
+from . import conf, db, metrics, retry, worker_health  # noqa: F401 (worker_health: its signal handlers)
 from .publish import HEADER
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ BEHIND_AFTER = 5.0  # seconds a due job may wait before the scheduler counts as 
 class Command(BaseCommand):
     help = (
         "Show pending jobs by fire time, firing lag, attempts in progress, expired leases, the dead-letter "
-        "queue and live dispatchers. 'behind' is true when a due job has waited longer than --behind-after "
+        "queue, live dispatchers and Celery workers (alive, last consumed, stuck). 'behind' is true when a due job has waited longer than --behind-after "
         "seconds (dispatchers down or too slow). --json prints one JSON object (for scripts and monitoring); "
         "--fail-if-behind exits 2 when behind (for a cron or health check). Every query is bounded: counts "
         f"stop at {statuslib.COUNT_CAP:,} (listed in 'capped')."
@@ -64,3 +64,13 @@ class Command(BaseCommand):
         out(f"dead-letter queue {n('dlq', s.dlq)} failed jobs")
         out(f"paused            {n('paused', s.paused)} recurring jobs; {s.missed_occurrences} cron occurrences missed")
         out(f"dispatchers alive {s.dispatchers_alive}" + (f" ({', '.join(s.dispatchers)})" if s.dispatchers else ""))
+        alive = [w for w in s.workers if w["alive"]]
+        stuck = [w for w in alive if w["stuck"]]
+        out(f"workers alive     {len(alive)}" + (f", {len(stuck)} STUCK" if stuck else ""))
+        for w in s.workers:
+            last = w["last_received_seconds_ago"]
+            status = ("STUCK " + w["state"] if w["stuck"] else w["state"]) if w["alive"] else \
+                f"gone (last seen {w['last_seen_seconds_ago']:.0f} s ago)"
+            out(f"  {w['name']:<28} {status:<20} queues {','.join(w['queues']) or '-'}  "
+                f"last consumed {'never' if last is None else f'{last:.0f} s ago'}  "
+                f"pool {w['running']}/{w['concurrency']}" + (f"  {w['note']}" if w["note"] else ""))
