@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('cron_at_scale', '0007_job_ids_uuid7'),
+        ('cron_at_scale', '0008_attempt_run_token_dispatch_losses'),
     ]
 
     operations = [
