@@ -62,11 +62,11 @@ class JobContext:
     max_retries: int
     cancel_requested: bool = False
     worker: str = ""
+    options: dict = field(default_factory=dict, repr=False)
+    occurrence: datetime | None = None  # a recurring run's nominal occurrence (fire_at without jitter)
     # The lease ran out (a stall longer than RUN_LEASE) and the job fired again: another run may
     # be doing the same work now. Refreshed by the heartbeat; a success is still recorded.
     lease_lost: bool = False
-    options: dict = field(default_factory=dict, repr=False)
-    occurrence: datetime | None = None  # a recurring run's nominal occurrence (fire_at without jitter)
 
 
 _current: contextvars.ContextVar[JobContext | None] = contextvars.ContextVar("cron_at_scale_job", default=None)
@@ -333,7 +333,8 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
         log.info("skipping job %s attempt %d: %s", job_id, attempt, outcome)
         raise Ignore()
     ctx = JobContext(UUID(job_id), attempt, scheduled_at, schedule_type, retries, max_retries,
-                     cancel_requested, me, _json(options), _occurrence(meta, scheduled_at))
+                     cancel_requested=cancel_requested, worker=me, options=_json(options),
+                     occurrence=_occurrence(meta, scheduled_at))
     token = _current.set(ctx)
     writer.add(ctx)
     task.request.retries = retries  # as Celery's own retries would show it

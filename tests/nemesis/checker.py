@@ -71,6 +71,7 @@ class Result:
     faults_by_kind: dict = field(default_factory=dict)  # kind -> count
     max_late_by_kind: dict = field(default_factory=dict)  # kind -> max lateness (s) of jobs due around it
     stats: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)  # examples behind the counted figures
 
     @property
     def ok(self) -> bool:
@@ -91,6 +92,7 @@ class Result:
                          f"{len(by_kind[k]):>10}  " + ", ".join(f"{r}={n}" for r, n in sorted(rules.items())))
         lines.append("-" * 70)
         lines.append("  ".join(f"{k}={v}" for k, v in self.stats.items()))
+        lines += self.notes
         return "\n".join(lines)
 
     def evidence(self, limit: int = 25) -> str:
@@ -194,6 +196,10 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
             continue
         if st == "failed" and row.get("lost_attempts", 0) >= max_lost:
             lost_exhausted += 1
+            if lost_exhausted <= 3:
+                res.notes.append(f"{kind} job {job} failed for lost attempts: " + "; ".join(
+                    f"#{a} {r.get('outcome')} {r.get('worker', '')} {r.get('error', '')}"
+                    for (j, a), r in sorted(attempts.items()) if j == job))
         if kind in SUCCESS_KINDS or kind == "cancel":
             if not lines:
                 add("missed", job, w["fire_at"], f"{kind} job never started (final {st})")

@@ -140,8 +140,10 @@ def collect(cluster: Cluster, run_dir: Path) -> tuple:
     try:
         jobs = {str(r[0]): {"status": r[1], "attempts": r[2], "lost_attempts": r[3]}
                 for r in db.q("SELECT id, status, attempts, lost_attempts FROM cron_at_scale_job")}
-        attempts = {(str(r[0]), r[1]): {"outcome": r[2], "started_at": r[3].timestamp() if r[3] else None}
-                    for r in db.q("SELECT job_id, attempt, outcome, started_at FROM cron_at_scale_jobattempt")}
+        attempts = {(str(r[0]), r[1]): {"outcome": r[2], "started_at": r[3].timestamp() if r[3] else None,
+                                         "error": r[4][:120], "worker": r[5]}
+                    for r in db.q("SELECT job_id, attempt, outcome, started_at, error, worker "
+                                  "FROM cron_at_scale_jobattempt")}
     finally:
         db.close()
     ledger = checker.read_jsonl(sorted((run_dir / "ledger").glob("*.jsonl")))
