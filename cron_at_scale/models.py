@@ -52,7 +52,7 @@ class Outcome(models.TextChoices):
     FAILED = "failed"  # raised; the job failed (no retry left)
     RETRIED = "retried"  # raised; the job was put back to pending with a backoff
     CANCELLED = "cancelled"  # the job was cancelled before or while this attempt ran
-    SKIPPED = "skipped"  # an occurrence not fired: the previous run was unfinished (overlap skip)
+    SKIPPED = "skipped"  # not run: the previous run was unfinished (overlap skip), or its job already completed
     LOST = "lost"  # lease expired with nobody finishing it (dead worker, lost message)
 
 
