@@ -223,7 +223,7 @@ class NeverRanButFailed(Exception):
 # toward MAX_LOST_ATTEMPTS, so a backlog longer than MAX_LOST_ATTEMPTS x DISPATCH_LEASE failed jobs that
 # never ran. Now only attempts lost while running count, and never-started re-fires back off their lease.
 def test_backlog_longer_than_dispatch_lease_fails_no_job(env):
-    s = env.system({**BASE, "DISPATCH_LEASE": 1.0, "MAX_LOST_ATTEMPTS": 3})
+    s = env.system({**BASE, "DISPATCH_LEASE": 1.0, "LOOKAHEAD": 0.5, "MAX_LOST_ATTEMPTS": 3})
     s.worker("wa", concurrency=1)
     s.dispatcher("d1")
     s.wait_workers(["wa"])
