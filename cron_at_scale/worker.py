@@ -301,8 +301,9 @@ class JobTask(Task):
         return schedule(self, **spec)
 
     def retry(self, args=None, kwargs=None, exc=None, throw=True, eta=None, countdown=None, max_retries=None, **options):
-        """Inside a scheduled run, retry as a database state (job back to pending after
-        the backoff or ``countdown`` seconds); elsewhere, Celery's own ``Task.retry``."""
+        """Inside a scheduled run, retry as a database state: the job back to pending after
+        ``countdown`` seconds, at ``eta``, or after the task's delay, with ``max_retries`` as this
+        call's limit (``cron_at_scale.retry``); elsewhere, Celery's own ``Task.retry``."""
         if current_job() is None:
             return super().retry(args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta,
                                  countdown=countdown, max_retries=max_retries, **options)
