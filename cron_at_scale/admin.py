@@ -177,7 +177,7 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.display(description="retries")
     def retries_used(self, job: Job) -> str:
-        return f"{job.retries}/{job.max_retries}"
+        return f"{job.retries}/{'task' if job.max_retries is None else job.max_retries}"  # None: the task's
 
     @admin.display(description="lease")
     def lease(self, job: Job) -> str:

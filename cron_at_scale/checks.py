@@ -5,10 +5,13 @@ database is not PostgreSQL (the claim needs ``FOR UPDATE SKIP LOCKED``,
 ``jsonb``, ``LISTEN/NOTIFY``); ``E003`` the Celery app's task class is not
 ``JobTask`` (scheduled runs would not be logged, deduplicated or completed);
 ``E004`` pickle is accepted by Celery (a message from the broker could run
-code). Warnings: ``W001`` a broker visibility timeout shorter than the run
+code); ``E005`` a task's retry option a scheduled run cannot honour (named).
+Warnings: ``W001`` a broker visibility timeout shorter than the run
 lease; ``W002`` Django reconnecting to PostgreSQL on every task; ``W003`` a
 run lease not longer than two heartbeats; ``W004`` PostgreSQL without the
-durability an attempt's start relies on (``manage.py check --database default``).
+durability an attempt's start relies on (``manage.py check --database default``);
+``W005`` a task's retry options that contradict each other (``retry_backoff``
+above ``retry_backoff_max``: every delay is the cap).
 """
 
 from __future__ import annotations
@@ -130,3 +133,36 @@ def check_connections(app_configs=None, **kwargs):
             hint="One late heartbeat would let the lease expire and the job run again; keep RUN_LEASE >= 3 x "
                  "HEARTBEAT_INTERVAL.", id="cron_at_scale.W003"))
     return warnings
+
+
+_reading_tasks = False
+
+
+@register()
+def check_retry_options(app_configs=None, **kwargs):
+    """cron_at_scale.E005 / W005: each task's Celery retry options, as a scheduled run reads them."""
+    from . import retry
+    from .app import get_app
+
+    global _reading_tasks
+    if conf.problems() or _reading_tasks:
+        return []
+    _reading_tasks = True  # importing the task modules runs the checks again (Celery's Django fixup)
+    try:
+        app = get_app()
+        app.loader.import_default_modules()
+        tasks = sorted(app.tasks.items())
+    except Exception:  # noqa: BLE001 (E003 reports an app that does not load)
+        return []
+    finally:
+        _reading_tasks = False
+    out = []
+    for name, task in tasks:
+        for problem in retry.unsupported(task):
+            out.append(Error(f"Task {name}: {problem}.", hint="Drop it, or retry with self.retry(countdown=..., "
+                             "max_retries=...) (see docs/settings.md, Retries).", id="cron_at_scale.E005"))
+        for problem in retry.contradictions(task):
+            out.append(Warning(f"Task {name}: {problem}.", hint="Lower retry_backoff or raise retry_backoff_max "
+                               "(Celery reads them the same way; see docs/settings.md, Retries).",
+                               id="cron_at_scale.W005"))
+    return out

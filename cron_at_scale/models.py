@@ -80,7 +80,9 @@ class Job(models.Model):
     options = models.JSONField(default=dict, blank=True, help_text="Celery publish options (priority).")
     status = models.CharField(max_length=12, choices=Status.choices, db_default=Status.PENDING)
     retries = models.PositiveIntegerField(db_default=0, help_text="Retries used so far.")
-    max_retries = models.PositiveIntegerField(db_default=3, help_text="Retries allowed after the first attempt.")
+    # NULL: the task's (its retry_kwargs or max_retries, Celery's meaning), resolved by the worker.
+    max_retries = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Retries allowed after the first attempt (empty: the task's).")
     attempts = models.PositiveIntegerField(db_default=0, help_text="Number of the latest attempt (0: never fired).")
     lost_attempts = models.PositiveIntegerField(db_default=0)
     # Attempts lost before any worker started them (a lost message, a long queue), since the

@@ -203,7 +203,7 @@ def build_job(
     cron: str | None = None,
     tz: str = "UTC",
     queue: str | None = None,
-    max_retries: int = 3,
+    max_retries: int | None = None,
     key: str | None = None,
     every: float | timedelta | None = None,
     catchup: str = "latest",
@@ -235,8 +235,9 @@ def build_job(
         raise ValidationError(big, f"the payload (args and kwargs) is {size} bytes as JSON; the limit is {limit} "
                                    "(CRON_AT_SCALE['MAX_PAYLOAD_BYTES']): pass an id, not the data")
     queue = _check_text("queue", queue, 200, allow_none=True) or ""
-    if isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 1000:
-        raise ValidationError("max_retries", f"must be an integer from 0 to 1000, got {_show(max_retries, 40)}")
+    if max_retries is not None and (
+            isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 1000):
+        raise ValidationError("max_retries", f"must be an integer from 0 to 1000 or None, got {_show(max_retries, 40)}")
     key = _check_text("key", key, 255, allow_none=True)
     for opt, value in options.items():
         if opt not in _OPTIONS:
@@ -337,7 +338,9 @@ def schedule(task: Any, **spec: Any) -> Job:
     leading seconds, or a macro such as ``@daily``) with ``tz`` (IANA zone,
     default ``"UTC"``); none means now. ``args`` (list) and ``kwargs`` (dict)
     must be JSON. ``queue``: Celery queue (default: the task's routing).
-    ``max_retries``: retries after the first attempt (Celery's meaning).
+    ``max_retries``: retries after the first attempt (Celery's meaning); ``None`` (the default):
+    the task's (``retry_kwargs["max_retries"]`` for its ``autoretry_for`` errors, else its
+    ``max_retries``, Celery's default 3).
     ``key``: idempotency key, unique among live (pending, in-progress or
     paused) jobs; scheduling the same key again returns the existing job.
     ``every``: seconds (or a timedelta) between occurrences of an interval
@@ -520,8 +523,8 @@ class _FastRows:
             return None
         elif queue not in self.queues:
             self.queues.add(_check_text("queue", queue, 200))  # type: ignore[arg-type]
-        max_retries = get("max_retries", 3)
-        if type(max_retries) is not int or not 0 <= max_retries <= 1000:
+        max_retries = get("max_retries")
+        if max_retries is not None and (type(max_retries) is not int or not 0 <= max_retries <= 1000):
             return None
         options: dict[str, Any] = {}
         if not spec.keys() <= _BASIC_KEYS:
@@ -554,7 +557,7 @@ class _FastRows:
 
 def _job_row(job: Job) -> tuple:
     """The row of a job ``build_job`` made (no key)."""
-    return (job.id, job.fire_at, job.task, job.payload, job.queue, job.options, job.timezone, int(job.max_retries),
+    return (job.id, job.fire_at, job.task, job.payload, job.queue, job.options, job.timezone, job.max_retries,
             _dumps(job.payload), _dumps(job.options),
             (str(job.schedule_type), job.cron_expr, job.interval, job.occurrence_at, str(job.catchup),
              job.catchup_window, str(job.overlap), job.jitter))
@@ -599,7 +602,8 @@ def _copy(rows: Iterator[tuple], limit: int, chunk: int = 1000) -> list[Job]:
             for job_id, fire_at, task, _, queue, _, tz, max_retries, payload, options, rec in part:
                 tail = tails.get(key := (task, queue, options, tz, max_retries)) if rec is _ONE_OFF else None
                 if tail is None:
-                    tail = f"\t{text(task)}\t{text(queue)}\t{text(options)}\t{text(tz)}\t{max_retries}"
+                    most = "\\N" if max_retries is None else max_retries  # NULL: the task's
+                    tail = f"\t{text(task)}\t{text(queue)}\t{text(options)}\t{text(tz)}\t{most}"
                     if rec is _ONE_OFF:
                         tail = tails[key] = tail + one_off
                     else:

@@ -59,7 +59,7 @@ class JobContext:
     fire_at: datetime  # the occurrence's scheduled time (aware UTC)
     schedule_type: str
     retries: int
-    max_retries: int
+    max_retries: int | None  # the job's; None: the task's (see cron_at_scale.retry)
     cancel_requested: bool = False
     worker: str = ""
     options: dict = field(default_factory=dict, repr=False)
@@ -83,11 +83,10 @@ def current_job() -> JobContext | None:
 class _ScheduledRetry(Exception):
     """Raised by ``JobTask.retry`` inside a scheduled run: retry as a database state."""
 
-    def __init__(self, exc: BaseException | None, countdown: float | None, max_retries: int | None):
+    def __init__(self, exc: BaseException | None, call: retry.RetryCall):
         super().__init__(str(exc) if exc else "retry requested")
         self.exc = exc
-        self.countdown = countdown
-        self.max_retries = max_retries
+        self.call = call
 
 
 def job_header(request) -> dict | None:
@@ -302,12 +301,13 @@ class JobTask(Task):
         return schedule(self, **spec)
 
     def retry(self, args=None, kwargs=None, exc=None, throw=True, eta=None, countdown=None, max_retries=None, **options):
-        """Inside a scheduled run, retry as a database state (job back to pending after
-        the backoff or ``countdown`` seconds); elsewhere, Celery's own ``Task.retry``."""
+        """Inside a scheduled run, retry as a database state: the job back to pending after
+        ``countdown`` seconds, at ``eta``, or after the task's delay, with ``max_retries`` as this
+        call's limit (``cron_at_scale.retry``); elsewhere, Celery's own ``Task.retry``."""
         if current_job() is None:
             return super().retry(args=args, kwargs=kwargs, exc=exc, throw=throw, eta=eta,
                                  countdown=countdown, max_retries=max_retries, **options)
-        raise _ScheduledRetry(exc, countdown, max_retries)
+        raise _ScheduledRetry(exc, retry.RetryCall(countdown, eta, max_retries))
 
     def __call__(self, *args, **kwargs):
         meta = job_header(self.request_stack.top)
@@ -361,19 +361,12 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
 
 def _record_failure(task: JobTask, ctx: JobContext, exc: Exception) -> bool:
     """Record a failed attempt; True if the job will be retried."""
-    countdown = None
-    cause: BaseException = exc
-    max_retries = ctx.max_retries
-    if isinstance(exc, _ScheduledRetry):
-        countdown, cause = exc.countdown, (exc.exc or exc)
-        if exc.max_retries is not None:
-            max_retries = exc.max_retries
+    call, cause = (exc.call, exc.exc or exc) if isinstance(exc, _ScheduledRetry) else (None, exc)
     error = f"{type(cause).__module__}.{type(cause).__qualname__}: {cause}"[:2000]
     trace = "".join(tb.format_exception(cause))[-20000:]
     params = {"job_id": str(ctx.job_id), "attempt": ctx.attempt, "error": error, "traceback": trace}
-    retryable = isinstance(exc, _ScheduledRetry)
-    decision = retry.decide(task, cause if not retryable else _as_retryable(cause), ctx.retries, max_retries,
-                            countdown, job_options=ctx.options, retry_all=bool(conf.get("RETRY_ALL_EXCEPTIONS")))
+    decision = retry.decide(task, cause, ctx.retries, ctx.max_retries, call=call, job_options=ctx.options,
+                            retry_all=bool(conf.get("RETRY_ALL_EXCEPTIONS")))
     if ctx.schedule_type == "once" and decision.retry:
         db.run("retry_attempt", {**params, "delay": decision.delay}, fetch="count")
         log.info("job %s attempt %d failed (%s); retry in %.1fs", ctx.job_id, ctx.attempt, error, decision.delay)
@@ -408,12 +401,6 @@ def _drop_broken_connections() -> None:
     for conn in connections.all(initialized_only=True):
         if not conn.in_atomic_block:
             conn.close_if_unusable_or_obsolete()
-
-
-def _as_retryable(cause: BaseException) -> BaseException:
-    from .exceptions import RetryableError
-
-    return cause if isinstance(cause, RetryableError) else RetryableError(str(cause))
 
 
 from . import worker_lost  # noqa: E402,F401  (its signal receivers: the parent records a pool process dying in a run)

@@ -3,8 +3,10 @@
 import os
 import signal
 import time
+from datetime import datetime, timedelta, timezone
 
 from celery import shared_task
+from celery.signals import task_failure
 
 from cron_at_scale import RetryableError, current_job
 
@@ -111,3 +113,57 @@ def ledger(path: str, seconds: float = 0.0):
         os.close(fd)
     if seconds:
         time.sleep(float(seconds))
+
+
+# Tasks declared with Celery's retry options, run both as plain Celery tasks (``apply_async``) and
+# scheduled; each attempt appends its time to the Redis list ``retry-ledger:<tag>`` and the final
+# failure appends "failed" (tests compare attempt counts and delays).
+def _ledger_push(tag: str, entry: str) -> None:
+    import redis
+    from django.conf import settings
+
+    with redis.Redis.from_url(settings.CELERY_BROKER_URL) as r:
+        r.rpush(f"retry-ledger:{tag}", entry)
+
+
+@task_failure.connect
+def _ledger_failed(sender=None, kwargs=None, **_):
+    if getattr(sender, "name", "").startswith("demo.tasks.celery_") and (kwargs or {}).get("tag"):
+        _ledger_push(kwargs["tag"], "failed")
+
+
+@shared_task(autoretry_for=(ValueError,), max_retries=4, retry_backoff=True, retry_jitter=False)
+def celery_backoff(tag: str):
+    """Always fails: max_retries=4 (5 attempts), retry_backoff=True (1, 2, 4, 8 s)."""
+    _ledger_push(tag, f"{time.time():.6f}")
+    raise ValueError("celery_backoff")
+
+
+@shared_task(autoretry_for=(ValueError,), retry_kwargs={"max_retries": 4}, retry_backoff=1, retry_backoff_max=2,
+             retry_jitter=False)
+def celery_capped(tag: str):
+    """Always fails: retry_kwargs max_retries=4 (5 attempts), retry_backoff=1 capped at 2 (1, 2, 2, 2 s)."""
+    _ledger_push(tag, f"{time.time():.6f}")
+    raise ValueError("celery_capped")
+
+
+@shared_task(autoretry_for=(ValueError,), max_retries=4, retry_backoff=2, retry_backoff_max=2)
+def celery_jitter(tag: str):
+    """Always fails: 5 attempts, each delay a whole number of seconds drawn from 0..2 (full jitter)."""
+    _ledger_push(tag, f"{time.time():.6f}")
+    raise ValueError("celery_jitter")
+
+
+@shared_task(bind=True, max_retries=5, default_retry_delay=1)
+def celery_self_retry(self, tag: str):
+    """Always fails through self.retry: countdown=2, eta in 1 s, default_retry_delay (1 s), then
+    max_retries=3 for that call (4 attempts)."""
+    _ledger_push(tag, f"{time.time():.6f}")
+    exc, n = RuntimeError(f"celery_self_retry {self.request.retries}"), self.request.retries
+    if n == 0:
+        raise self.retry(exc=exc, countdown=2)
+    if n == 1:
+        raise self.retry(exc=exc, eta=datetime.now(timezone.utc) + timedelta(seconds=1))
+    if n == 2:
+        raise self.retry(exc=exc)
+    raise self.retry(exc=exc, max_retries=3)

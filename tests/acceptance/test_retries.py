@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 from demo.models import Execution
@@ -93,3 +94,57 @@ def test_cancelling_a_running_job_reaches_it_through_the_heartbeat(system):
                what="the running attempt to end cancelled")
     assert Job.objects.get(id=job.id).status == "cancelled"
     assert not Execution.objects.filter(job_id=job.id).exists()  # it stopped before recording
+
+
+# task: (attempts, delays before each retry in seconds, or None where jitter draws them)
+LIKE_CELERY = {
+    "demo.tasks.celery_backoff": (5, [1, 2, 4, 8]),  # max_retries=4, retry_backoff=True
+    "demo.tasks.celery_capped": (5, [1, 2, 2, 2]),  # retry_kwargs max_retries=4, retry_backoff=1, max 2
+    "demo.tasks.celery_jitter": (5, None),  # retry_backoff=2, max 2, full jitter: 0, 1 or 2
+    "demo.tasks.celery_self_retry": (4, [2, 1, 1]),  # self.retry(countdown=2), (eta=+1 s), (), (max_retries=3)
+}
+
+
+def ledger(tag):
+    import redis
+    from django.conf import settings
+
+    with redis.Redis.from_url(settings.CELERY_BROKER_URL) as r:
+        return [v.decode() for v in r.lrange(f"retry-ledger:{tag}", 0, -1)]
+
+
+def test_celerys_retry_options_mean_what_they_mean_in_a_plain_celery_worker(system):
+    """Each task runs once as plain Celery (ETA messages) and once scheduled (database states): same
+    attempts, same delays (ours on the database clock; Celery's from the times its attempts started)."""
+    system.worker("w1", concurrency=2)
+    system.dispatcher("d1")
+    wait_for_workers(system.app, ["w1"])
+    run = uuid.uuid4().hex[:8]
+    jobs = {}
+    for name in LIKE_CELERY:
+        system.app.send_task(name, kwargs={"tag": f"{run}-celery-{name}"})  # plain Celery: no job, ETA retries
+        jobs[name] = cron_at_scale.schedule(name, kwargs={"tag": f"{run}-ours-{name}"})  # no max_retries: the task's
+
+    def settled():
+        return (Job.objects.filter(id__in=[j.id for j in jobs.values()], status="failed").count() == len(jobs)
+                and all(ledger(f"{run}-celery-{name}")[-1:] == ["failed"] for name in LIKE_CELERY))
+
+    wait_until(settled, timeout=90, what="both runs of every task to fail for good")
+    for name, (attempts, delays) in LIKE_CELERY.items():
+        theirs = [float(t) for t in ledger(f"{run}-celery-{name}")[:-1]]
+        rows = list(JobAttempt.objects.filter(job_id=jobs[name].id).order_by("attempt"))
+        assert len(theirs) == attempts, (name, theirs)
+        assert [r.outcome for r in rows] == ["retried"] * (attempts - 1) + ["failed"], name
+        assert len(ledger(f"{run}-ours-{name}")) == attempts + 1  # every attempt ran, then the final failure
+        celery_delays = [b - a for a, b in zip(theirs, theirs[1:])]
+        ours = [(b.scheduled_at - a.finished_at).total_seconds() for a, b in zip(rows, rows[1:])]
+        for a, b in zip(rows, rows[1:]):  # a retry never started before its delay (database clock)
+            assert (b.started_at - a.finished_at).total_seconds() >= (b.scheduled_at - a.finished_at).total_seconds() - 0.1
+        print(f"{name}: attempts ours {len(rows)} celery {len(theirs)}; delays ours {[round(d, 3) for d in ours]} "
+              f"celery {[round(d, 3) for d in celery_delays]}")
+        if delays is None:  # drawn: whole seconds (ours to the millisecond the database keeps) within 0..2
+            assert all(-0.01 <= d <= 2.01 and abs(d - round(d)) < 0.01 for d in ours), (name, ours)
+            assert all(-0.05 <= d <= 3.0 for d in celery_delays), (name, celery_delays)
+            continue
+        assert [round(d) for d in ours] == delays, (name, ours)
+        assert all(abs(o - c) <= 0.8 for o, c in zip(ours, celery_delays)), (name, ours, celery_delays)

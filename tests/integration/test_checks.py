@@ -80,3 +80,38 @@ def test_settings_that_break_promises_are_warnings(settings):
         assert "cron_at_scale.W001" in ids()
     finally:
         app.conf.broker_transport_options = old
+
+
+@pytest.fixture
+def declare():
+    """Register tasks on the project's Celery app for one test (``declare(name, **options)``)."""
+    app, names = get_app(), []
+
+    def make(name, **options):
+        def run():
+            pass
+
+        names.append(name)
+        return app.task(name=name, **options)(run).name  # .name: registered now, not lazily
+
+    yield make
+    for name in names:
+        app.tasks.pop(name, None)
+
+
+def messages(check_id):
+    return [e.msg for e in run_checks(include_deployment_checks=False) if e.id == check_id]
+
+
+def test_retry_options_a_scheduled_run_cannot_honour_are_errors_naming_them(declare):
+    assert not messages("cron_at_scale.E005")
+    declare("checks.requeue", autoretry_for=(ValueError,), retry_kwargs={"max_retries": 2, "queue": "slow"})
+    found = messages("cron_at_scale.E005")
+    assert len(found) == 1 and "checks.requeue" in found[0] and "retry_kwargs['queue']" in found[0]
+
+
+def test_contradicting_retry_options_are_a_warning(declare):
+    declare("checks.capped", autoretry_for=(ValueError,), retry_backoff=900)
+    declare("checks.fine", autoretry_for=(ValueError,), retry_backoff=True, retry_backoff_max=60)
+    found = messages("cron_at_scale.W005")
+    assert len(found) == 1 and "checks.capped" in found[0] and "retry_backoff_max" in found[0]

@@ -144,7 +144,7 @@ def _valid_spec():
         "kwargs": st.dictionaries(st.text(st.characters(codec="utf-8", exclude_characters="\x00"), max_size=10), json_values, max_size=5),
         "queue": st.text(min_size=1, max_size=200).filter(lambda s: "\x00" not in s),
         "key": st.sampled_from(["k1", "k2", "x" * 255, "'; DROP TABLE cron_at_scale_job; --"]),
-        "max_retries": st.integers(min_value=0, max_value=1000),
+        "max_retries": st.none() | st.integers(min_value=0, max_value=1000),
         "priority": st.integers(min_value=0, max_value=255),
         "retry_jitter": st.booleans(),
     }).flatmap(lambda base: st.one_of(
@@ -247,7 +247,7 @@ def _check_stored(job, spec):
     assert row.queue == (spec.get("queue") or "")
     assert row.timezone == spec.get("tz", "UTC")
     assert row.cron_expr == (spec.get("cron") or "")
-    assert row.max_retries == spec.get("max_retries", 3)
+    assert row.max_retries == spec.get("max_retries")  # None: the task's
     assert row.status == "pending"
 
 

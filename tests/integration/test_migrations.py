@@ -56,3 +56,22 @@ def test_jobs_stored_before_0007_keep_a_uniform_shard_and_are_all_claimed(monkey
         claimed += [r.job_id for r in got]
     assert sorted(claimed) == sorted(ids)
     assert Job.objects.filter(status="in_progress").count() == 3000
+
+
+def test_0010_leaves_stored_jobs_as_they_were_and_rewrites_nothing():
+    executor = MigrationExecutor(connection)
+    executor.migrate([("cron_at_scale", "0009_worker_health")])
+    try:
+        sql("""INSERT INTO cron_at_scale_job (id, fire_at, task, payload, options)
+               VALUES (%s, statement_timestamp(), 'demo.tasks.noop', '{}', '{}')""", [uuid.uuid4()])
+        (before,), = sql("SELECT relfilenode FROM pg_class WHERE relname = 'cron_at_scale_job'")
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.loader.build_graph()
+        executor.migrate(_latest())
+    (after,), = sql("SELECT relfilenode FROM pg_class WHERE relname = 'cron_at_scale_job'")
+    assert after == before  # no table rewrite
+    assert [r[0] for r in sql("SELECT max_retries FROM cron_at_scale_job")] == [3]  # the default it was stored with
+    (nullable, default), = sql("""SELECT is_nullable, column_default FROM information_schema.columns
+                                  WHERE table_name = 'cron_at_scale_job' AND column_name = 'max_retries'""")
+    assert (nullable, default) == ("YES", None)  # a job inserted without it takes the task's

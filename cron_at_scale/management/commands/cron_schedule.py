@@ -44,7 +44,8 @@ class Command(BaseCommand):
         parser.add_argument("--queue", help="Celery queue (default: the task's routing)")
         parser.add_argument("--key", help="idempotency key: if a live job has it, that job's id is printed, "
                                           "nothing new is scheduled")
-        parser.add_argument("--max-retries", type=int, default=3, help="retries after the first attempt (default 3)")
+        parser.add_argument("--max-retries", type=int, default=None,
+                            help="retries after the first attempt (default: the task's, Celery's meaning)")
 
     def handle(self, *args, **opts):
         spec = {"args": opts["task_args"], "kwargs": opts["task_kwargs"], "tz": opts["tz"], "queue": opts["queue"],
