@@ -25,7 +25,7 @@ from cron_at_scale.worker_health import EXIT_STATUS
 
 # S = 3 s, I = 0.5 s. Attempts lose their 1 s dispatch lease in the queue while nobody consumes;
 # with MAX_LOST_ATTEMPTS 2, counting them would fail every job.
-SETTINGS = {"WORKER_HEARTBEAT_INTERVAL": 0.5, "WORKER_STUCK_AFTER": 3.0, "DISPATCH_LEASE": 1.0,
+SETTINGS = {"WORKER_HEARTBEAT_INTERVAL": 0.5, "WORKER_STUCK_AFTER": 3.0, "DISPATCH_LEASE": 1.0, "LOOKAHEAD": 0.5,
             "MAX_LOST_ATTEMPTS": 2, "REAPER_INTERVAL": 0.2, "POLL_INTERVAL": 0.05}
 STUCK, BEAT = SETTINGS["WORKER_STUCK_AFTER"], SETTINGS["WORKER_HEARTBEAT_INTERVAL"]
 SLACK = 20.0  # seconds: two shared cores, several test suites at once
