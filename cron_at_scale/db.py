@@ -9,10 +9,12 @@ not keep sessions (PgBouncer in transaction mode).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
 import weakref
+from collections import namedtuple
 from dataclasses import dataclass, field
 
 from django.db import (
@@ -106,7 +108,8 @@ def _execute_prepared_once(cur, conn, name: str, params: dict, bare: bool) -> No
 
 
 def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: int = 1):
-    """Execute query ``name`` in autocommit; return rows (``fetch='all'``), one row, or None.
+    """Execute query ``name`` in autocommit; return its rows (``fetch='all'``), one row or None
+    (``'one'``), each a named tuple of its columns, or the row count (``'count'``).
 
     On a broken connection (PostgreSQL restarted) the connection is dropped
     and the statement tried again ``retries`` times. Only for statements that
@@ -134,11 +137,20 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
 
 
 def _fetch(cur, fetch: str):
+    if fetch == "count":
+        return cur.rowcount
+    row_type = _row_type(tuple(c.name for c in cur.description))
     if fetch == "all":
-        return cur.fetchall()
-    if fetch == "one":
-        return cur.fetchone()
-    return cur.rowcount
+        return [row_type._make(r) for r in cur.fetchall()]
+    row = cur.fetchone()
+    return None if row is None else row_type._make(row)
+
+
+@functools.lru_cache(maxsize=256)
+def _row_type(columns: tuple[str, ...]):
+    """Rows by column name (a named tuple per column list, built once): a reordered SELECT
+    cannot silently shift what a caller reads. Columns must be named (``AS name``)."""
+    return namedtuple("Row", columns, rename=True)  # an unnamed column becomes _<position>
 
 
 def reset_connection() -> None:

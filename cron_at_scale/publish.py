@@ -70,13 +70,15 @@ class Claimed:
 
     @classmethod
     def from_row(cls, row) -> Claimed:
+        """A run from a row of ``claim`` or ``refire_cron`` (columns by name)."""
         # Django's PostgreSQL backend hands jsonb to raw cursors as text.
-        payload, options = row[7], row[9]
+        payload, options = row.payload, row.options
         if isinstance(payload, str):
             payload = json.loads(payload)
         if isinstance(options, str):
             options = {} if options == "{}" else json.loads(options)
-        return cls(row[0], row[1], row[2], row[3], row[4], row[5], row[6], payload, row[8], options)
+        return cls(row.id, row.attempts, row.fire_at, row.schedule_type, row.cron_expr, row.timezone, row.task,
+                   payload, row.queue, options)
 
 
 def header(c: Claimed) -> dict:

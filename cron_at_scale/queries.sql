@@ -61,7 +61,7 @@ WITH due AS (
 )
 SELECT c.id, c.attempts, c.fire_at, c.schedule_type, c.cron_expr, c.timezone, c.task, c.payload, c.queue,
        c.options, c.interval, c.occurrence_at, c.catchup, c.catchup_window, c.overlap, c.jitter, c.buffered_at,
-       statement_timestamp()
+       statement_timestamp() AS db_now
 FROM claimed AS c;
 
 -- name: running_jobs
@@ -258,7 +258,7 @@ WITH hb AS (
     WHERE j.id = ANY(ARRAY(SELECT job_id FROM hb)) AND j.schedule_type = 'once' AND j.status = 'in_progress'
       AND j.attempts IN (SELECT h.attempt FROM hb AS h WHERE h.job_id = j.id)
 )
-SELECT j.id, h.attempt, 'cancelled' FROM hb AS h JOIN cron_at_scale_job AS j ON j.id = h.job_id
+SELECT j.id AS job_id, h.attempt, 'cancelled' AS reason FROM hb AS h JOIN cron_at_scale_job AS j ON j.id = h.job_id
 WHERE j.cancel_requested
 UNION ALL
 SELECT o.job_id, o.attempt, 'lost'
@@ -283,7 +283,7 @@ SET outcome = 'lost', finished_at = statement_timestamp(),
                  ELSE 'lease expired while running: the worker died' END
 FROM expired
 WHERE a.id = expired.id
-RETURNING a.job_id, a.attempt, a.scheduled_at, a.started_at IS NOT NULL;
+RETURNING a.job_id, a.attempt, a.scheduled_at, a.started_at IS NOT NULL AS started;
 
 -- name: reap_once
 -- One-off jobs of lost attempts go back to pending, to fire again at once with
@@ -324,7 +324,8 @@ WITH j AS (
            GREATEST(statement_timestamp(), %(scheduled_at)s) + make_interval(secs => %(lease)s), 'dispatched'
     FROM j
 )
-SELECT id, attempts, %(scheduled_at)s::timestamptz, schedule_type, cron_expr, timezone, task, payload, queue, options
+SELECT id, attempts, %(scheduled_at)s::timestamptz AS fire_at, schedule_type, cron_expr, timezone, task, payload,
+       queue, options
 FROM j;
 
 -- name: requeue
@@ -372,7 +373,7 @@ WITH me AS (
     ON CONFLICT (name) DO UPDATE SET last_seen = EXCLUDED.last_seen, shards = EXCLUDED.shards
     RETURNING name
 )
-SELECT 1 + count(*) FROM cron_at_scale_dispatcherheartbeat
+SELECT 1 + count(*) AS alive FROM cron_at_scale_dispatcherheartbeat
 WHERE name <> %(name)s AND last_seen > statement_timestamp() - make_interval(secs => %(ttl)s);
 
 -- name: renew_shards

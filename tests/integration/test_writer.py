@@ -10,7 +10,7 @@ from django.db import connection, connections
 from helpers import sql, wait_until
 
 import cron_at_scale
-from cron_at_scale import db, worker
+from cron_at_scale import completer, db, worker
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
 
@@ -46,7 +46,7 @@ def test_completions_handed_over_are_written_by_the_thread_in_one_statement(star
     statements = []
     real_run = db.run
     monkeypatch.setattr(db, "run", lambda name, *a, **k: statements.append(name) or real_run(name, *a, **k))
-    monkeypatch.setattr(worker, "COMPLETION_DELAY", 0.3)  # all five are handed over within the delay
+    monkeypatch.setattr(completer, "COMPLETION_DELAY", 0.3)  # all five are handed over within the delay
     writer = worker.AttemptWriter()
     request.addfinalizer(writer.stop)
     for job_id, attempt in runs:
@@ -65,7 +65,7 @@ def test_a_completion_rides_on_the_next_start_in_the_same_statement(started, mon
     statements = []
     real_run = db.run
     monkeypatch.setattr(db, "run", lambda name, *a, **k: statements.append(name) or real_run(name, *a, **k))
-    monkeypatch.setattr(worker, "COMPLETION_DELAY", 30.0)  # the thread stays out of it
+    monkeypatch.setattr(completer, "COMPLETION_DELAY", 30.0)  # the thread stays out of it
     writer = worker.AttemptWriter()
     request.addfinalizer(writer.stop)
     writer.completed(*first)
