@@ -1,5 +1,8 @@
 -- The SQL of the hot path, in one place. Loaded by cron_at_scale/sql.py:
--- each query starts with a "-- name: <name>" line; parameters are %(name)s.
+-- each query starts with a "-- name: <name> [:option ...]" line; parameters are %(name)s.
+-- Options: :async (this statement commits with synchronous_commit off: its loss in a
+-- crash is harmless, its comment says why), :prepared (run per task by every worker:
+-- a prepared statement with a generic plan, see cron_at_scale/db.py).
 -- Every time comes from the database clock, never from a node: statement_timestamp()
 -- (not now(), which is frozen at the start of a surrounding transaction).
 
@@ -97,7 +100,7 @@ SELECT r.job_id, r.attempt, r.scheduled_at, statement_timestamp(),
 FROM unnest(%(a_job_ids)s::uuid[], %(a_attempts)s::int[], %(a_scheduled)s::timestamptz[], %(a_outcomes)s::text[])
      AS r(job_id, attempt, scheduled_at, outcome);
 
--- name: start_attempt
+-- name: start_attempt :prepared
 -- A worker starts an attempt, and writes the succeeded attempts its process
 -- handed over since its last write: one statement, one round trip per task.
 -- Only a 'dispatched' attempt starts, so a redelivered message (already
@@ -188,7 +191,7 @@ WHERE a.id = (SELECT id FROM target)
 RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retries, j.max_retries, j.options,
           a.started_at, j.created_at, a.attempt;
 
--- name: finish_attempt
+-- name: finish_attempt :prepared
 -- Close an attempt and, for a one-off job still on this attempt, set its
 -- final status. An attempt whose job was cancelled while it ran ends
 -- 'cancelled' whatever the task returned (cooperative cancellation).
@@ -214,7 +217,7 @@ WHERE j.id = a.job_id AND (
     (j.schedule_type = 'once' AND j.status = 'in_progress' AND j.attempts = %(attempt)s)
     OR (j.schedule_type <> 'once' AND j.status = 'pending' AND j.buffered_at IS NOT NULL));
 
--- name: retry_attempt
+-- name: retry_attempt :prepared
 -- Close an attempt as retried and put its one-off job back to pending after
 -- %(delay)s seconds of backoff (database clock), one retry used. An attempt
 -- whose job was cancelled meanwhile ends 'cancelled' and the job stays so.
@@ -235,14 +238,13 @@ FROM a
 WHERE j.id = a.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress'
   AND j.attempts = %(attempt)s;
 
--- name: heartbeat
+-- name: heartbeat :prepared :async
 -- Extend the leases of attempts running in this worker process (and of their
 -- one-off jobs, so the admin shows a live lease); report, as (job_id, attempt,
 -- reason), the runs whose job was cancelled meanwhile ('cancelled') and those
 -- whose lease had already run out and were reaped ('lost': the job fired again).
--- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
--- crashes in the next few ms this renewal is lost; the next one renews it.
-SET LOCAL synchronous_commit = off;
+-- Asynchronous commit: if PostgreSQL itself crashes in the next few ms this
+-- renewal is lost; the next one renews it.
 WITH hb AS (
     UPDATE cron_at_scale_jobattempt AS a
     SET locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
@@ -409,12 +411,10 @@ INSERT INTO cron_at_scale_shardlease (shard, owner, expires_at)
 SELECT s, '', statement_timestamp() FROM generate_series(0, %(n)s - 1) AS s
 ON CONFLICT (shard) DO NOTHING;
 
--- name: keep_result
+-- name: keep_result :prepared :async
 -- A task's JSON return value, kept on its attempt (Django Tasks results).
--- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
--- crashes in the next few ms this write is lost, the attempt's lease expires
--- and the job runs again as a new attempt (at-least-once).
-SET LOCAL synchronous_commit = off;
+-- Asynchronous commit: the attempt's completion, written after it, commits
+-- synchronously and so makes it durable too.
 UPDATE cron_at_scale_jobattempt SET result = %(result)s::jsonb
 WHERE job_id = %(job_id)s AND attempt = %(attempt)s;
 
