@@ -41,11 +41,14 @@ import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import Celery
 
 from .models import task_id_for
+
+if TYPE_CHECKING:
+    from .publish_amqp import AmqpPublisher
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +105,7 @@ class Publisher:
         self._declared: set[str] = set()
         self._templates: dict[tuple, list[str]] = {}
         self.origin = f"gen{os.getpid()}@{socket.gethostname()}"
-        self._amqp = None  # the RabbitMQ fast path (publish_amqp.AmqpPublisher), made on first use
+        self._amqp: AmqpPublisher | None = None  # the RabbitMQ fast path (publish_amqp.AmqpPublisher), made on first use
 
     # -- connection ----------------------------------------------------------------------
 

@@ -172,6 +172,7 @@ class AmqpPublisher:
         self._routes: dict[tuple[str, str], Route | None] = {}
         self._declared: set[str] = set()
         self._headers: dict[str, dict] = {}
+        self.confirm_seconds = 0.0  # total time spent waiting for confirms (what they cost the sender)
 
     def close(self) -> None:
         """Forget the channel (its connection is closed by the caller) and what it declared."""
@@ -213,7 +214,11 @@ class AmqpPublisher:
                               {"correlation_id": task_id, "reply_to": reply_to, "delivery_mode": r.delivery_mode})
             publish(message, exchange=r.exchange, routing_key=r.routing_key, mandatory=True)
             confirms.next_tag += 1
-        confirms.wait(connection, self.confirm_timeout)
+        t0 = time.perf_counter()
+        try:
+            confirms.wait(connection, self.confirm_timeout)
+        finally:
+            self.confirm_seconds += time.perf_counter() - t0
         return general
 
     def _route(self, channel, task: str, queue: str) -> Route | None:
