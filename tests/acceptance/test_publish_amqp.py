@@ -7,6 +7,7 @@ default vhost; the tests are skipped only when no RabbitMQ answers there.
 
 from __future__ import annotations
 
+import functools
 import os
 
 import pytest
@@ -59,14 +60,22 @@ def purge(app: Celery) -> None:
             channel.queue_purge(q.name)
 
 
-@pytest.fixture
-def rabbit():
-    """A Celery app whose broker is RabbitMQ, its queues declared and empty."""
+@functools.cache
+def unreachable() -> str | None:
+    """Why no RabbitMQ answers at RABBIT_URL (asked once), or None."""
     try:
         with Connection(RABBIT_URL, connect_timeout=3) as conn:
             conn.ensure_connection(max_retries=1)
     except Exception as e:
-        pytest.skip(f"no RabbitMQ answers at {RABBIT_URL} ({e}); set CELERY_RABBITMQ_URL")
+        return f"no RabbitMQ answers at {RABBIT_URL} ({e}); set CELERY_RABBITMQ_URL"
+    return None
+
+
+@pytest.fixture
+def rabbit():
+    """A Celery app whose broker is RabbitMQ, its queues declared and empty."""
+    if unreachable():
+        pytest.skip(unreachable())
     app = rabbit_app()
     purge(app)
     yield app
