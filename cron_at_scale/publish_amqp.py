@@ -36,7 +36,7 @@ from kombu.entity import maybe_delivery_mode
 from .models import task_id_for
 from .publish import _EMBED, _REPR_MAX, HEADER, header
 
-CONFIRM_TIMEOUT = 30.0  # seconds to wait for a batch's confirms
+CONFIRM_TIMEOUT = 10.0  # seconds to wait for a batch's confirms (RabbitMQ gives them in milliseconds)
 
 
 class NotConfirmed(Exception):
@@ -155,7 +155,7 @@ class Confirms:
         if missing or nacked or returned:
             raise NotConfirmed(f"{nacked} messages nacked, {len(returned)} returned"
                                f"{' (' + returned[0] + ')' if returned else ''}, "
-                               f"{missing} not confirmed within {timeout:.0f}s")
+                               f"{missing} not confirmed within {timeout:g}s")
 
 
 @contextmanager

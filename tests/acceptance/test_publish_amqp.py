@@ -48,6 +48,7 @@ def rabbit_app() -> Celery:
         "demo.tasks.noop": {"queue": "cas_topical", "routing_key": "cas.noop"},
         "demo.tasks.sleep": {"exchange": "cas_direct", "routing_key": "bound"},
         "demo.tasks.flaky": {"exchange": "cas_direct", "routing_key": "nowhere"},  # bound to no queue
+        "demo.tasks.fail": {"exchange": "cas_missing", "routing_key": "x"},  # an exchange nobody declared
     }
     return app
 
@@ -166,6 +167,15 @@ def test_a_message_routed_to_no_queue_is_not_sent(rabbit, transactional_db):
     batch = Dispatcher(name="t", app=rabbit).claim()
     publisher = Publisher(rabbit)
     with pytest.raises(NotConfirmed, match=r"1 returned .*NO_ROUTE"):
+        publisher.publish(batch)
+    publisher.close()
+
+
+def test_a_message_to_an_exchange_that_does_not_exist_is_not_sent(rabbit, transactional_db):
+    cron_at_scale.schedule("demo.tasks.fail")
+    batch = Dispatcher(name="t", app=rabbit).claim()
+    publisher = Publisher(rabbit)
+    with pytest.raises(Exception, match="NOT_FOUND - no exchange 'cas_missing'"):
         publisher.publish(batch)
     publisher.close()
 
