@@ -14,7 +14,8 @@ Two paths, chosen per broker:
 * **RabbitMQ fast path** (:mod:`cron_at_scale.publish_amqp`): the same
   messages, every one of a batch written before the broker's publisher
   confirms are awaited once for the batch; a nacked, returned or unconfirmed
-  message fails the batch.
+  message fails the batch. ~40 us of publisher CPU per message (py-amqp's
+  encoding of the headers is half of it) against ~250 us for ``send_task``.
 * **Any other broker** (SQS ...): Celery's ``send_task`` on one
   producer, inside kombu's ``Producer.batch()`` where the transport has it.
 
