@@ -635,6 +635,8 @@ def targets(r: dict) -> list[dict]:
         add("firing, one dispatcher (jobs/s)", c["firing"]["jobs_per_s"], ">=", 15_000)
         add("firing / claim+LPUSH ceiling", c["firing"]["ratio_to_ceiling"], ">=", 0.4)
         add("burst: all on the broker (s)", c["burst"]["seconds"], "<", 7, " s")
+        if c.get("rabbitmq"):
+            add("firing to RabbitMQ, confirmed (jobs/s)", c["rabbitmq"]["firing"]["jobs_per_s"], ">=", 10_000)
     for w in r.get("w2") or []:
         if w["rate"] == 500:
             add("W2 500/s start lag p99 (ms)", w["start_lag_ms"]["p99"], "<", 150)
