@@ -15,6 +15,11 @@ ceiling   no workers. ``Dispatcher.claim()`` (the project's claim statement) of
           path (``send_task`` in ``Producer.batch()``) on ``--general`` jobs.
           CPU ms per fired job of this process (the dispatcher), PostgreSQL and
           the broker, for the ceiling, the firing path and the burst.
+          With ``--broker`` (default: ``CELERY_RABBITMQ_URL``), a RabbitMQ
+          broker too: the firing path (its fast path, publisher confirms
+          awaited once per batch) on ``--jobs`` jobs and kombu's general path
+          (``send_task``, no confirms) on ``--general`` jobs, median of 3 each,
+          counted on the broker (the ``celery`` queue's depth) after each.
 w3        10M pending: ``schedule_many`` (COPY) rate on ``--many`` jobs; the
           rest of ``--future`` future jobs by ``INSERT ... SELECT generate_series``
           (secondary indexes built after the load); firing ``--due`` due jobs
@@ -147,6 +152,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--future", type=int, help="W3: future jobs in the table (1000000; the issue's figure is 10000000)")
     p.add_argument("--many", type=int, help="W3: jobs inserted with schedule_many to time it (200000)")
     p.add_argument("--due", type=int, help="W3: due jobs fired beside the future ones (10000)")
+    p.add_argument("--broker", default=os.environ.get("CELERY_RABBITMQ_URL") or None,
+                   help="ceiling: also fire to this RabbitMQ (amqp://...) beside the main broker "
+                        "(default: CELERY_RABBITMQ_URL)")
     p.add_argument("--workers", type=int, default=2, help="celery worker processes (2)")
     p.add_argument("--concurrency", type=int, default=1, help="prefork children per worker (1)")
     p.add_argument("--batch-size", type=int, help="dispatcher batch size (default: the setting, 1000)")
@@ -275,14 +283,15 @@ class Bench:
 
     # -- the firing path in this process ------------------------------------------------------
 
-    def dispatcher(self):
+    def dispatcher(self, app=None):
         from cron_at_scale.dispatcher import Dispatcher
 
-        return Dispatcher(name="bench-inproc", batch_size=self.args.batch_size)
+        return Dispatcher(name="bench-inproc", batch_size=self.args.batch_size, app=app)
 
-    def fire_in_process(self, n: int, send=None) -> tuple[int, float]:
-        """Claim (and publish, or ``send``) ``n`` due jobs with one in-process dispatcher; (claimed, seconds)."""
-        d = self.dispatcher()
+    def fire_in_process(self, n: int, send=None, app=None, seen=None) -> tuple[int, float]:
+        """Claim (and publish, or ``send``) ``n`` due jobs with one in-process dispatcher (on ``app``'s
+        broker); (claimed, seconds). ``seen(dispatcher)`` is called before it closes."""
+        d = self.dispatcher(app)
         d.publisher._connection()  # connect before the clock starts
         done = 0
         t0 = time.perf_counter()
@@ -299,6 +308,8 @@ class Bench:
             done += got
         d.sender.wait()  # all published
         seconds = time.perf_counter() - t0
+        if seen is not None:
+            seen(d)
         self.close_dispatcher(d)
         return done, seconds
 
@@ -386,6 +397,52 @@ class Bench:
         out["general_path"] = {"jobs": n, "seconds": round(s, 3), "jobs_per_s": rate(n, s),
                                "on_broker": self.redis.llen("celery")}
         say(f"kombu general path (send_task)   {n} jobs in {s:.2f}s = {n / s:,.0f} jobs/s")
+        self.reset()
+        if a.broker:
+            out["rabbitmq"] = self.ceiling_rabbitmq(a.broker)
+        return out
+
+    def ceiling_rabbitmq(self, url: str, rounds: int = 3) -> dict:
+        """The firing path and kombu's general path to the RabbitMQ at ``url``: medians of ``rounds``."""
+        from celery import Celery
+
+        a = self.args
+        app = Celery("bench-rabbitmq", set_as_current=False)
+        app.config_from_object("django.conf:settings", namespace="CELERY")
+        app.conf.broker_write_url = app.conf.broker_read_url = url  # CELERY_BROKER_URL would win over broker_url
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=3)
+            app.amqp.default_queue(conn.default_channel).declare()
+
+        def depth() -> int:
+            with app.connection_for_write() as conn:
+                return conn.default_channel.queue_declare("celery", passive=True).message_count
+
+        def purge() -> None:
+            with app.connection_for_write() as conn:
+                conn.default_channel.queue_purge("celery")
+
+        out: dict = {"url": re.sub(r"//[^@/]*@", "//", url)}
+        for name, jobs, general in (("firing", a.jobs, False), ("general_path", a.general, True)):
+            runs = []
+            for _ in range(rounds):
+                self.reset()
+                purge()
+                self.insert_due(jobs)
+                waited: list[float] = []
+                send = (lambda d, batch: d.publisher._send_tasks(batch)) if general else None
+                amqp_fast = lambda d: waited.append(getattr(d.publisher._amqp, "confirm_seconds", 0.0))  # noqa: E731,B023
+                n, s = self.fire_in_process(jobs, send=send, app=app, seen=amqp_fast)
+                runs.append({"jobs": n, "seconds": round(s, 3), "jobs_per_s": rate(n, s), "on_broker": depth(),
+                             "confirm_wait_seconds": None if general else round(waited[0], 3)})
+            purge()
+            best = sorted(runs, key=lambda r: r["jobs_per_s"] or 0)[len(runs) // 2]
+            out[name] = {**best, "rounds_jobs_per_s": [r["jobs_per_s"] for r in runs]}
+            label = "firing path (confirms)" if not general else "kombu general path (send_task)"
+            extra = f", waiting for confirms {best['confirm_wait_seconds']:.2f}s" if not general else ""
+            say(f"rabbitmq {label:30} {best['jobs']} jobs in {best['seconds']:.2f}s = {best['jobs_per_s']:,.0f} jobs/s "
+                f"(median of {', '.join(f'{r:,.0f}' for r in out[name]['rounds_jobs_per_s'])}; "
+                f"{best['on_broker']} on the broker{extra})")
         self.reset()
         return out
 
@@ -688,6 +745,8 @@ def targets(r: dict) -> list[dict]:
         add("firing, one dispatcher (jobs/s)", c["firing"]["jobs_per_s"], ">=", 15_000)
         add("firing / claim+LPUSH ceiling", c["firing"]["ratio_to_ceiling"], ">=", 0.4)
         add("burst: all on the broker (s)", c["burst"]["seconds"], "<", 7, " s")
+        if c.get("rabbitmq"):
+            add("firing to RabbitMQ, confirmed (jobs/s)", c["rabbitmq"]["firing"]["jobs_per_s"], ">=", 10_000)
     for w in r.get("w2") or []:
         if w["rate"] == 500:
             add("W2 500/s start lag p99 (ms)", w["start_lag_ms"]["p99"], "<", 150)
