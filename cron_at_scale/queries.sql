@@ -433,3 +433,36 @@ WHERE a.job_id = %(job_id)s AND a.attempt >= %(attempt)s AND a.outcome = 'runnin
   AND j.id = a.job_id
 ORDER BY a.attempt
 LIMIT 1;
+
+-- name: retention_cutoff
+-- Retention (cron_at_scale/retention.py): finished jobs last updated before this are purged.
+SELECT statement_timestamp() - make_interval(secs => %(age)s);
+
+-- name: retention_chunk
+-- The next chunk of finished jobs, oldest first: a keyset walk of cron_job_finished_updated.
+SELECT id, updated_at FROM cron_at_scale_job
+WHERE status IN ('completed', 'cancelled') AND updated_at < %(cutoff)s
+  AND (updated_at, id) > (%(after_at)s, %(after_id)s)
+ORDER BY updated_at, id
+LIMIT %(n)s;
+
+-- name: retention_count_attempts
+SELECT count(*) FROM cron_at_scale_jobattempt WHERE job_id = ANY(%(ids)s::uuid[]) AND finished_at IS NOT NULL;
+
+-- name: retention_delete_attempts
+-- At most %(n)s finished attempts of these jobs, skipping rows another session holds.
+DELETE FROM cron_at_scale_jobattempt WHERE id IN (
+    SELECT id FROM cron_at_scale_jobattempt
+    WHERE job_id = ANY(%(ids)s::uuid[]) AND finished_at IS NOT NULL
+    LIMIT %(n)s
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: retention_delete_jobs
+-- The jobs, re-checked under their row lock: still finished, still old, no attempt left.
+DELETE FROM cron_at_scale_job WHERE id IN (
+    SELECT j.id FROM cron_at_scale_job AS j
+    WHERE j.id = ANY(%(ids)s::uuid[]) AND j.status IN ('completed', 'cancelled') AND j.updated_at < %(cutoff)s
+      AND NOT EXISTS (SELECT 1 FROM cron_at_scale_jobattempt AS a WHERE a.job_id = j.id)
+    FOR UPDATE SKIP LOCKED
+);
