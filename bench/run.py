@@ -286,7 +286,8 @@ class Bench:
     def dispatcher(self, app=None):
         from cron_at_scale.dispatcher import Dispatcher
 
-        return Dispatcher(name="bench-inproc", batch_size=self.args.batch_size, app=app)
+        # no workers here: fire into queues nobody consumes (the ceiling is the claim + publish)
+        return Dispatcher(name="bench-inproc", batch_size=self.args.batch_size, app=app, hold_unconsumed=False)
 
     def fire_in_process(self, n: int, send=None, app=None, seen=None) -> tuple[int, float]:
         """Claim (and publish, or ``send``) ``n`` due jobs with one in-process dispatcher (on ``app``'s

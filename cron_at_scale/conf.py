@@ -14,8 +14,14 @@ DEFAULTS: dict[str, Any] = {
     # Jobs due within this many seconds are claimed early and published at their
     # fire_at from an in-memory timer: firing lag does not depend on the poll.
     "LOOKAHEAD": 1.0,
-    # Stop claiming while the broker holds more messages than this (overload waits in the database).
+    # Per destination queue: stop claiming the jobs of a queue holding more messages than this
+    # (an overload waits in the database), while the other queues keep firing.
     "MAX_BROKER_DEPTH": 200_000,
+    # Hold in the database the jobs of a queue nobody consumes (RabbitMQ: no consumer; Redis: no
+    # live worker's health row lists it) rather than fire them into it and re-fire each lost one
+    # every dispatch lease. False: fire them anyway (workers that write no health rows, on Redis;
+    # tools and tests that read the messages off the broker themselves).
+    "HOLD_UNCONSUMED_QUEUES": True,
     # Shard lease time; renewed every quarter of it. A dead dispatcher's shards move after this.
     "SHARD_LEASE": 5.0,
     # Lease of a claimed attempt until a worker starts it (lost message => re-fire after this).
@@ -80,7 +86,7 @@ def problems() -> list[str]:
         out.append(f"CRON_AT_SCALE['LOOKAHEAD'] must be a number of seconds from 0 to 60, got {value!r}")
     if not out:
         out += contradictions({k: user.get(k, DEFAULTS[k]) for k in DEFAULTS})
-    for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS", "PREPARED_STATEMENTS"):
+    for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS", "PREPARED_STATEMENTS", "HOLD_UNCONSUMED_QUEUES"):
         if not isinstance(user.get(key, DEFAULTS[key]), bool):
             out.append(f"CRON_AT_SCALE[{key!r}] must be True or False, got {user[key]!r}")
     retention = user.get("RETENTION")

@@ -24,6 +24,7 @@ from . import conf, db, dlq, failpoints, metrics, retention
 from .app import get_app
 from .checks import refuse_pickle
 from .publish import Claimed, Publisher, Sender
+from .queues import QueueGate
 from .recurrence import Recurrence, plan
 from .shards import AllShards, ShardLeases
 from .wakeup import Wakeup
@@ -46,7 +47,7 @@ class Dispatcher:
 
     def __init__(self, name: str | None = None, batch_size: int | None = None,
                  poll_interval: float | None = None, lease: float | None = None, app=None,
-                 shards: str = "auto", lookahead: float | None = None):
+                 shards: str = "auto", lookahead: float | None = None, hold_unconsumed: bool | None = None):
         conf.check()
         self.name = name or default_name()
         self.batch_size = int(batch_size or conf.get("BATCH_SIZE"))
@@ -65,6 +66,9 @@ class Dispatcher:
         self.app = app or get_app()
         refuse_pickle(self.app)
         self.publisher = Publisher(self.app)
+        # per destination queue: which are full or unconsumed (their jobs stay in the database)
+        self.queues = QueueGate(self.app, self.max_broker_depth, bool(
+            conf.get("HOLD_UNCONSUMED_QUEUES") if hold_unconsumed is None else hold_unconsumed))
         # publishes on its own thread; a failing batch is retried for half its dispatch lease
         self.sender = Sender(self.publisher, self._sent, retry_for=self.lease / 2)
         ttl = float(conf.get("SHARD_LEASE"))
@@ -76,8 +80,6 @@ class Dispatcher:
         self.published_total = 0
         self._next_reap = 0.0
         self._next_shards = 0.0
-        self._next_depth_check = 0.0
-        self._broker_full = False
         self._timers: list[tuple[float, int, Claimed]] = []  # (monotonic due time, seq, run)
         self._seq = 0
         self._clock: tuple[float, float] | None = None  # (database time, monotonic) at the last claim
@@ -95,18 +97,23 @@ class Dispatcher:
             self._next_shards = time.monotonic() + self.shard_refresh
             self.shards.refresh()
         t0 = time.monotonic()
-        with transaction.atomic():
-            db.run("claim_settings", fetch="count", retries=0)
-            rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease,
-                                    "lookahead": self.lookahead, **self.shards.claim_params()}, retries=0)
-            metrics.observe_claim(len(rows), time.monotonic() - t0)
-            if rows:
-                self._clock = (rows[0].db_now.timestamp(), time.monotonic())
-            runs = [Claimed.from_row(r) for r in rows if r.schedule_type == "once"]
-            recurring = [r for r in rows if r.schedule_type != "once"]
-            if recurring:
-                runs += self._advance(recurring)
-        return runs
+        while True:
+            with transaction.atomic():
+                db.run("claim_settings", fetch="count", retries=0)
+                rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease,
+                                        "lookahead": self.lookahead, **self.shards.claim_params(),
+                                        **self.queues.claim_params()}, retries=0)
+                if self.queues.learn(rows):  # a queue first seen in this batch is held: claim again without it
+                    transaction.set_rollback(True)
+                    continue
+                metrics.observe_claim(len(rows), time.monotonic() - t0)
+                if rows:
+                    self._clock = (rows[0].db_now.timestamp(), time.monotonic())
+                runs = [Claimed.from_row(r) for r in rows if r.schedule_type == "once"]
+                recurring = [r for r in rows if r.schedule_type != "once"]
+                if recurring:
+                    runs += self._advance(recurring)
+            return runs
 
     def _advance(self, rows) -> list[Claimed]:
         moved: dict[str, list] = {k: [] for k in ("ids", "fire_ats", "occurrences", "n_attempts", "missed", "skipped", "buffers")}
@@ -194,18 +201,12 @@ class Dispatcher:
         metrics.observe_published(n, seconds)
 
     def broker_full(self) -> bool:
-        """True while the broker holds more than ``MAX_BROKER_DEPTH`` messages (checked once a second):
-        the dispatcher then stops claiming, so an overload waits in the database, not the broker."""
-        now = time.monotonic()
-        if now >= self._next_depth_check:
-            self._next_depth_check = now + 1.0
-            with self.sender.lock:
-                depth = self.publisher.depth()
-            full = depth is not None and depth > self.max_broker_depth
-            if full != self._broker_full:
-                log.warning("broker holds %s messages: %s claiming", depth, "pausing" if full else "resuming")
-            self._broker_full = full
-        return self._broker_full
+        """Check the destination queues whose second is up (each at most once a second): a queue
+        over ``MAX_BROKER_DEPTH`` messages, or without a consumer, then holds its jobs in the
+        database (the claim skips them, see :mod:`cron_at_scale.queues`) while the others keep
+        firing. Returns False: no single queue stops the whole claim any more."""
+        self.queues.refresh()
+        return False
 
     def reap(self) -> int:
         """Handle attempts whose lease expired; return how many were reaped.
@@ -317,6 +318,7 @@ class Dispatcher:
             log.warning("could not release shard leases; they expire in %.0fs", self.shard_refresh * 4)
         self.wakeup.close()
         self.publisher.close()
+        self.queues.close()
         log.info("dispatcher %s closed: %d claimed, %d published", self.name, self.claimed_total, self.published_total)
 
     def _drain_timers(self) -> None:

@@ -138,20 +138,6 @@ class Publisher:
     def fast(self) -> bool:
         return self.kind is not None
 
-    def depth(self) -> int | None:
-        """Messages waiting in the Redis lists this publisher sends to (None if unknown)."""
-        names = {n for n in self._routes.values() if n}
-        if not names:
-            return None
-        try:
-            if self.kind != "redis":
-                return None
-            channel = self._connection().default_channel
-            return sum(channel._size(n) for n in names)
-        except Exception:  # a broker blip: no verdict, keep going
-            log.debug("could not read the broker's queue depth", exc_info=True)
-            return None
-
     # -- publishing ----------------------------------------------------------------------
 
     def publish(self, batch: list[Claimed]) -> int:
@@ -318,7 +304,7 @@ class Sender:
     dispatcher cut off from its broker claims nothing more and stops renewing
     its shard leases, which move to a dispatcher that can publish. After that
     the batch is logged and left to the reaper. ``lock`` guards the publisher
-    against the dispatcher's other uses of it (the broker depth check).
+    against other uses of it.
     """
 
     def __init__(self, publisher: Publisher, on_sent, depth: int = 2, retry_for: float = 0.0):

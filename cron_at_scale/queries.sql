@@ -28,10 +28,16 @@ SET LOCAL synchronous_commit = off; SET LOCAL enable_sort = off;
 -- its occurrences fire (catch-up, overlap) and writes them with
 -- advance_recurring, in this same transaction (after running_jobs, whose
 -- snapshot is no older than the row locks taken here).
+-- Held queues (cron_at_scale.queues: full, or nobody consumes them) keep their jobs here:
+-- a job whose queue column names one, or with an empty queue column whose task routes
+-- to one (%(blank_tasks)s: the tasks whose route differs from the default queue's,
+-- held or not as %(held_blank)s says). A filter on the same partial fire_at index walk.
 WITH due AS (
     SELECT id FROM cron_at_scale_job
     WHERE status = 'pending' AND fire_at <= statement_timestamp() + make_interval(secs => %(lookahead)s)
       AND (%(all_shards)s OR shard = ANY(%(shards)s::smallint[]))
+      AND NOT (queue = ANY(%(held_queues)s::text[])
+               OR (queue = '' AND %(held_blank)s <> (task = ANY(%(blank_tasks)s::text[]))))
     ORDER BY fire_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -66,6 +72,17 @@ SELECT c.id, c.attempts, c.fire_at, c.schedule_type, c.cron_expr, c.timezone, c.
        c.options, c.interval, c.occurrence_at, c.catchup, c.catchup_window, c.overlap, c.jitter, c.buffered_at,
        statement_timestamp() AS db_now
 FROM claimed AS c;
+
+-- name: queue_names
+-- The distinct values of the queue column (at most %(limit)s), for cron_status: a skip
+-- scan of the (queue, fire_at, id) index, one index probe per value, whatever the table size.
+WITH RECURSIVE q AS (
+    (SELECT queue FROM cron_at_scale_job ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM cron_at_scale_job AS j WHERE j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    FROM q WHERE q.queue IS NOT NULL
+)
+SELECT queue FROM q WHERE queue IS NOT NULL LIMIT %(limit)s;
 
 -- name: running_jobs
 -- Which of these (claimed, row-locked) recurring jobs have an unfinished run. Its own

@@ -250,6 +250,11 @@ class Watchdog:
 
         from . import db
 
+        try:  # at once: the dispatchers hold a queue's jobs (Redis) until a live worker lists it
+            self.write()
+        except Exception as e:  # noqa: BLE001 (a database blip: next time)
+            log.warning("worker health: first heartbeat failed: %s", str(e).strip()[:200])
+            db.reset_connection()
         while not self.stopping.wait(self.interval()):
             now = time.monotonic()
             try:

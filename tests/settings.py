@@ -12,3 +12,7 @@ LOGGING = {"version": 1, "disable_existing_loggers": False}
 
 # cron_import_beat imports django-celery-beat's PeriodicTask rows: its tests need its tables.
 INSTALLED_APPS = [*INSTALLED_APPS, "django_celery_beat"]  # noqa: F405
+
+# The tests in this process claim and read the messages off the broker with no worker running:
+# fire into unconsumed queues unless a test says otherwise (the processes they start keep the default).
+CRON_AT_SCALE = {"HOLD_UNCONSUMED_QUEUES": False, **CRON_AT_SCALE}  # noqa: F405
