@@ -152,7 +152,7 @@ def _start(data_dir: str | Path, postgres: bool, broker: bool, database: str) ->
                 atexit.register(services.stop_quietly)
     except (_PostgresUnavailable, _BrokerUnavailable) as exc:
         services.stop()
-        raise Unavailable(f"{exc}: {HINT}") from None
+        raise Unavailable(str(exc)) from None
     except BaseException:
         services.stop()
         raise
