@@ -18,7 +18,7 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/fire.py $(ARGS)
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check cron_at_scale tests example_project bench
+	$(BIN)/ruff check cron_at_scale tests example_project bench devservices
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)

@@ -10,7 +10,6 @@ import os
 import sys
 from pathlib import Path
 
-import psutil
 
 # sockaddr_un.sun_path is 108 bytes on Linux and 104 on macOS, with its NUL.
 MAX_SOCKET_PATH = 103 if sys.platform == "darwin" else 107
@@ -18,6 +17,8 @@ MAX_SOCKET_PATH = 103 if sys.platform == "darwin" else 107
 
 def process_alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie counts as dead)."""
+    import psutil  # the embedded extra's; imported late so that settings with both URLs set need none of it
+
     if pid <= 0:
         return False
     try:
@@ -27,6 +28,8 @@ def process_alive(pid: int) -> bool:
 
 
 def _create_time(pid: int) -> float | None:
+    import psutil
+
     try:
         return psutil.Process(pid).create_time()
     except psutil.Error:

@@ -24,8 +24,6 @@ import warnings
 from pathlib import Path
 from urllib.parse import quote
 
-import psutil
-
 from ._process import Owner, process_alive, short_dir
 
 PORT = 5432  # only names the socket file (.s.PGSQL.5432): TCP is off
@@ -90,6 +88,8 @@ class EmbeddedPostgres:
 
     def running(self) -> bool:
         """Whether the postmaster named in postmaster.pid runs (pg_ctl status, without its error log)."""
+        import psutil
+
         pid = self.pid()
         if not process_alive(pid):
             return False
