@@ -10,7 +10,6 @@ import os
 import sys
 from pathlib import Path
 
-
 # sockaddr_un.sun_path is 108 bytes on Linux and 104 on macOS, with its NUL.
 MAX_SOCKET_PATH = 103 if sys.platform == "darwin" else 107
 
