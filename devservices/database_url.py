@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import dj_database_url
 
@@ -31,7 +31,7 @@ def _multi_host_to_query(url: str) -> str:
     if any(ports):
         query.append(("port", ",".join(p or "5432" for p in ports)))
     query += parse_qsl(parts.query, keep_blank_values=True)
-    return parts._replace(netloc=f"{userinfo}{at}", query=urlencode(query, safe="/,")).geturl()
+    return urlunsplit((parts.scheme, f"{userinfo}{at}", parts.path, urlencode(query, safe="/,"), parts.fragment))
 
 
 def django_database(url: str, **overrides: Any) -> dict:
