@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import dj_database_url
 
@@ -25,11 +25,11 @@ def _multi_host_to_query(url: str) -> str:
             port = port.removeprefix(":")
         else:
             host, _, port = item.partition(":")
-        hosts.append(host)
+        hosts.append(unquote(host))  # a percent-encoded socket directory
         ports.append(port)
     query = [("host", ",".join(hosts))]
     if any(ports):
-        query.append(("port", ",".join(p or "5432" for p in ports)))
+        query.append(("port", ",".join(ports)))  # an empty entry: that host's default port, as in libpq
     query += parse_qsl(parts.query, keep_blank_values=True)
     return urlunsplit((parts.scheme, f"{userinfo}{at}", parts.path, urlencode(query, safe="/,"), parts.fragment))
 

@@ -57,8 +57,9 @@ def test_multiple_hosts_keep_every_host_port_and_option():
     cfg = django_database("postgres://h1:5432,h2:5433/db?target_session_attrs=read-write")
     assert (cfg["HOST"], cfg["PORT"], cfg["NAME"]) == ("h1,h2", "5432,5433", "db")
     assert cfg["OPTIONS"] == {"target_session_attrs": "read-write"}
-    cfg = django_database("postgresql://u:pw@h1,[::1]:6000/db")
-    assert (cfg["USER"], cfg["PASSWORD"], cfg["HOST"], cfg["PORT"]) == ("u", "pw", "h1,::1", "5432,6000")
+    cfg = django_database("postgresql://u:pw@h1,[::1]:5433,%2Ftmp/db")
+    assert (cfg["USER"], cfg["PASSWORD"], cfg["HOST"], cfg["PORT"]) == ("u", "pw", "h1,::1,/tmp", ",5433,")
+    assert django_database("postgresql://u@h1,h2/db")["PORT"] == ""
 
 
 def test_multiple_hosts_reach_the_child_process_url():
