@@ -127,16 +127,17 @@ def _scans(plan: list[str]) -> list[tuple[str, str, int]]:
     """(table, index, rows read: returned + removed by filter) of each scan node."""
     out = []
     for i, line in enumerate(plan):
-        m = re.search(r"(\w+ Scan)(?: using (\w+))? on (cron_at_scale_\w+).*rows=(\d+) loops=(\d+)", line)
+        # PostgreSQL 18 prints actual rows with two decimals (rows=1.00).
+        m = re.search(r"(\w+ Scan)(?: using (\w+))? on (cron_at_scale_\w+).*rows=(\d+(?:\.\d+)?) loops=(\d+)", line)
         if not m:
             continue
         removed = 0
         for nxt in plan[i + 1:]:
             if "->" in nxt:
                 break
-            r = re.search(r"Rows Removed by Filter: (\d+)", nxt)
-            removed += int(r.group(1)) if r else 0
-        out.append((m.group(3), m.group(2) or m.group(1), (int(m.group(4)) + removed) * int(m.group(5))))
+            r = re.search(r"Rows Removed by Filter: (\d+(?:\.\d+)?)", nxt)
+            removed += float(r.group(1)) if r else 0
+        out.append((m.group(3), m.group(2) or m.group(1), round((float(m.group(4)) + removed) * int(m.group(5)))))
     return out
 
 
