@@ -168,6 +168,21 @@ class DatabaseCollector:
                 stuck.add_metric([w["name"], q], 1 if w["stuck"] else 0)
         yield idle
         yield stuck
+        held = GaugeMetricFamily("cron_queue_held", "1 while the dispatchers hold a broker queue's jobs in the "
+                                 "database: it is full (over MAX_BROKER_DEPTH) or has no consumer.",
+                                 labels=["queue", "state"])
+        messages = GaugeMetricFamily("cron_queue_messages", "Messages waiting in a broker queue.", labels=["queue"])
+        consumers = GaugeMetricFamily("cron_queue_consumers", "Consumers of a broker queue (Redis: live workers "
+                                      "whose health row lists it).", labels=["queue"])
+        for q in snap.queues:
+            held.add_metric([q["queue"], q["state"]], 1 if q["held"] else 0)
+            if q["depth"] is not None:
+                messages.add_metric([q["queue"]], q["depth"])
+            if q["consumers"] is not None:
+                consumers.add_metric([q["queue"]], q["consumers"])
+        yield held
+        yield messages
+        yield consumers
         lag = GaugeMetricFamily("cron_recent_firing_lag_seconds", "Firing lag (fire_at to start) of the attempts "
                                 f"started in the last {status.DEFAULT_WINDOW:.0f} s (latest {status.LAG_SAMPLE} "
                                 "attempts), by quantile.", labels=["quantile"])

@@ -69,6 +69,9 @@ class Status:
     # Celery workers with a health row seen within WORKERS_SHOWN seconds (cron_at_scale.worker_health):
     # name, queues, alive, stuck, state, last_received_seconds_ago, running, concurrency, waiting, note
     workers: list[dict[str, Any]] = field(default_factory=list)
+    # Broker queues (cron_at_scale.queues): queue, depth, consumers, state (ok, full, no consumer,
+    # unknown), held (the dispatchers keep its jobs in the database)
+    queues: list[dict[str, Any]] = field(default_factory=list)
     capped: list[str] = field(default_factory=list)  # figures that hit their count cap (true value >= shown)
     estimated: list[str] = field(default_factory=list)  # figures from the planner's statistics
 
@@ -298,9 +301,12 @@ def snapshot(window: float = DEFAULT_WINDOW) -> Status:
                               "WHERE NOT schedule_type = 'once'")
         alive, names = _dispatchers(cur)
         worker_rows = workers(cur)
+    from .queues import survey
+
+    queue_rows = [q.as_dict() for q in survey()]
     return Status(
         db_now=db_now.isoformat(), pending=pending, oldest_overdue_seconds=round(overdue, 3),
         lag_seconds=lag, lag_window_seconds=window, lag_sample=sample, in_progress=in_progress,
         expired_leases=expired, dlq=dlq, paused=paused, missed_occurrences=int(missed),
-        dispatchers_alive=alive, dispatchers=names, workers=worker_rows, capped=capped, estimated=estimated,
+        dispatchers_alive=alive, dispatchers=names, workers=worker_rows, queues=queue_rows, capped=capped, estimated=estimated,
     )

@@ -74,3 +74,10 @@ class Command(BaseCommand):
             out(f"  {w['name']:<28} {status:<20} queues {','.join(w['queues']) or '-'}  "
                 f"last consumed {'never' if last is None else f'{last:.0f} s ago'}  "
                 f"pool {w['running']}/{w['concurrency']}" + (f"  {w['note']}" if w["note"] else ""))
+        held = [q for q in s.queues if q["held"]]
+        out(f"queues            {len(s.queues)}" + (f", {len(held)} HELD (their jobs wait in the database)" if held else ""))
+        for q in s.queues:
+            state = ("HELD: " if q["held"] else "") + q["state"]
+            depth = "?" if q["depth"] is None else q["depth"]
+            consumers = "?" if q["consumers"] is None else q["consumers"]
+            out(f"  {q['queue']:<28} {state:<20} messages {depth}  consumers {consumers}")

@@ -1,0 +1,152 @@
+"""Back-pressure per destination queue, in process, against PostgreSQL and the suite's broker
+(Redis): a queue that is full or that no live worker consumes keeps its jobs pending, with no
+attempt, while the other queues' jobs are claimed; routes by task name decide an empty queue column."""
+
+from __future__ import annotations
+
+import json
+
+import demo.tasks  # noqa: F401 (registers the demo's shared tasks)
+import pytest
+from celery import Celery
+from django.test import override_settings
+from helpers import sql
+from kombu import Queue
+
+import cron_at_scale
+from cron_at_scale import metrics, status
+from cron_at_scale.dispatcher import Dispatcher
+from cron_at_scale.queues import NO_CONSUMER, QueueGate, destination
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+HOLD = {"HOLD_UNCONSUMED_QUEUES": True}
+
+
+def live_worker(name: str, queues: list[str]) -> None:
+    """A live worker's health row, as its watchdog writes it."""
+    sql("INSERT INTO cron_at_scale_workerhealth (name, pid, queues, concurrency, running, received, started_at, "
+        "last_seen, state, stuck_count, note) VALUES (%s, 1, %s::jsonb, 1, 0, 0, now(), now(), 'ok', 0, '')",
+        [name, json.dumps(queues)])
+
+
+def routed_app(broker) -> Celery:
+    """The suite's Celery configuration, with demo.tasks.noop routed to queue ``routed``."""
+    app = Celery("cas_routes_tests", set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    app.conf.broker_url = broker.conf.broker_url
+    app.conf.task_routes = {"demo.tasks.noop": {"queue": "routed"}}
+    app.conf.task_queues = [Queue("celery"), Queue("routed")]
+    assert "demo.tasks.noop" in app.tasks  # shared tasks: every app has them
+    return app
+
+
+def attempts() -> int:
+    return sql("SELECT count(*) FROM cron_at_scale_jobattempt")[0][0]
+
+
+def claimed_queues(batch) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in batch:
+        out[c.queue or c.task] = out.get(c.queue or c.task, 0) + 1
+    return out
+
+
+def test_destination_follows_the_publishers_routes(broker):
+    app = routed_app(broker)
+    assert destination(app, "demo.tasks.record", "") == "celery"  # the default queue
+    assert destination(app, "demo.tasks.noop", "") == "routed"  # the task's route
+    assert destination(app, "demo.tasks.noop", "other") == "other"  # a job's queue beats the route
+
+
+@override_settings(CRON_AT_SCALE=HOLD)
+def test_a_queue_nobody_consumes_keeps_its_jobs_pending_while_the_others_fire(broker):
+    live = [cron_at_scale.schedule("demo.tasks.record", queue="live") for _ in range(3)]
+    dead = [cron_at_scale.schedule("demo.tasks.record", queue="dead") for _ in range(4)]
+    live_worker("w1@h", ["live"])
+    d = Dispatcher(name="d1", batch_size=100)
+    try:
+        batch = d.claim()  # both queues first seen in this batch: checked before it commits
+        assert sorted(str(c.job_id) for c in batch) == sorted(str(j.id) for j in live)
+        assert attempts() == 3, "a job of the unconsumed queue got an attempt"
+        assert d.queues.states["dead"].state == NO_CONSUMER and d.queues.states["dead"].held
+        assert d.queues.claim_params()["held_queues"] == ["dead"]
+        assert d.claim() == []
+        assert sql("SELECT count(*) FROM cron_at_scale_job WHERE queue = 'dead' AND status = 'pending' "
+                   "AND attempts = 0")[0][0] == 4
+        # A worker comes for it: at the next check (once a second) its jobs fire.
+        live_worker("w2@h", ["dead"])
+        d.queues.refresh(now=float("inf"))
+        batch = d.claim()
+        assert sorted(str(c.job_id) for c in batch) == sorted(str(j.id) for j in dead)
+    finally:
+        d.close()
+
+
+@override_settings(CRON_AT_SCALE=HOLD)
+def test_an_empty_queue_column_is_held_by_the_route_of_its_task(broker):
+    app = routed_app(broker)
+    routed = [cron_at_scale.schedule("demo.tasks.noop") for _ in range(2)]  # -> routed
+    plain = [cron_at_scale.schedule("demo.tasks.record") for _ in range(2)]  # -> celery
+    live_worker("w1@h", ["celery"])
+    d = Dispatcher(name="d1", batch_size=100, app=app)
+    try:
+        assert sorted(str(c.job_id) for c in d.claim()) == sorted(str(j.id) for j in plain)
+        assert d.queues.claim_params() == {"held_queues": ["routed"], "held_blank": False,
+                                           "blank_tasks": ["demo.tasks.noop"]}
+        # The other way round: the default queue is held, the routed one consumed.
+        sql("DELETE FROM cron_at_scale_workerhealth")
+        live_worker("w2@h", ["routed"])
+        late = [cron_at_scale.schedule("demo.tasks.record") for _ in range(2)]
+        d.queues.refresh(now=float("inf"))
+        params = d.queues.claim_params()
+        assert params["held_blank"] and params["blank_tasks"] == ["demo.tasks.noop"], params
+        assert sorted(str(c.job_id) for c in d.claim()) == sorted(str(j.id) for j in routed)
+        assert {str(j.id) for j in late} == {str(i) for (i,) in sql(
+            "SELECT id FROM cron_at_scale_job WHERE status = 'pending'")}
+    finally:
+        d.close()
+
+
+@override_settings(CRON_AT_SCALE={"MAX_BROKER_DEPTH": 5, "HOLD_UNCONSUMED_QUEUES": False})
+def test_a_full_queue_holds_its_jobs_and_the_others_keep_firing(broker):
+    # "busy" holds 6 messages (over 5): full. "idle" is empty. Nobody consumes either, but
+    # HOLD_UNCONSUMED_QUEUES is off here: depth alone decides.
+    from cron_at_scale.publish import publish_batch
+
+    filler = [cron_at_scale.schedule("demo.tasks.noop", queue="busy") for _ in range(6)]
+    d = Dispatcher(name="d1", batch_size=100)
+    try:
+        publish_batch(broker, d.claim())
+        assert len(filler) == 6
+        more = [cron_at_scale.schedule("demo.tasks.noop", queue="busy") for _ in range(3)]
+        idle = [cron_at_scale.schedule("demo.tasks.noop", queue="idle") for _ in range(3)]
+        d.queues.refresh(now=float("inf"))
+        assert d.queues.states["busy"].state == "full" and d.queues.states["busy"].depth == 6
+        assert sorted(str(c.job_id) for c in d.claim()) == sorted(str(j.id) for j in idle)
+        assert {str(j.id) for j in more} == {str(i) for (i,) in sql(
+            "SELECT id FROM cron_at_scale_job WHERE status = 'pending'")}
+        shown = {q["queue"]: q for q in status.snapshot().queues}
+        assert shown["busy"]["state"] == "full" and shown["busy"]["held"] and shown["busy"]["depth"] == 6
+        scrape = metrics.render().decode()
+        assert 'cron_queue_held{queue="busy",state="full"} 1.0' in scrape, scrape
+        assert 'cron_queue_messages{queue="busy"} 6.0' in scrape, scrape
+    finally:
+        d.close()
+
+
+def test_the_gate_checks_each_queue_at_most_once_a_second(broker, monkeypatch):
+    gate = QueueGate(broker, 100, True)
+    looked: list[list[str]] = []
+    real = gate.probe.look
+    monkeypatch.setattr(gate.probe, "look", lambda names: looked.append(list(names)) or real(names))
+    try:
+        gate.destination("demo.tasks.noop", "a")
+        gate.destination("demo.tasks.noop", "b")
+        gate.refresh(now=100.0)
+        gate.refresh(now=100.5)
+        gate.refresh(now=100.99)
+        gate.refresh(now=101.0)
+        assert [sorted(x) for x in looked] == [["a", "b", "celery"], ["a", "b", "celery"]]
+    finally:
+        gate.close()
