@@ -23,6 +23,18 @@ pytestmark = pytest.mark.django_db(transaction=True)
 HOLD = {"HOLD_UNCONSUMED_QUEUES": True}
 
 
+@pytest.fixture(autouse=True)
+def empty_queues(broker):
+    """This module's queues, emptied before and after (the broker fixture empties only ``celery``)."""
+    def drop():
+        with broker.connection_for_write() as conn:
+            for name in ("busy", "idle", "live", "dead", "routed", "a", "b"):
+                conn.default_channel.queue_purge(name)
+    drop()
+    yield
+    drop()
+
+
 def live_worker(name: str, queues: list[str]) -> None:
     """A live worker's health row, as its watchdog writes it."""
     sql("INSERT INTO cron_at_scale_workerhealth (name, pid, queues, concurrency, running, received, started_at, "
