@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from demo.models import Execution
 from demo.runner import wait_for_workers
@@ -98,6 +100,8 @@ def test_a_job_cancelled_after_its_claim_is_skipped_and_recorded(system):
 
 
 def test_four_dispatcher_processes_claim_20000_due_jobs_exactly_once(system):
+    # No worker consumes the queue: fire into it anyway (by default its jobs would wait unclaimed).
+    system.env["CRON_AT_SCALE_SETTINGS"] = json.dumps({"HOLD_UNCONSUMED_QUEUES": False})
     for i in range(4):
         # A long lease: no worker runs these, and the reaper must not re-fire them.
         system.dispatcher(f"d{i}", extra=["--lease", "600"])

@@ -40,11 +40,11 @@ def rabbit_unreachable() -> str | None:
 def drop_queues(url: str, names: list[str]) -> None:
     with Connection(url) as conn:
         for name in names:
-            channel = conn.channel()
-            try:
-                channel.queue_delete(name)
-            except Exception:  # noqa: BLE001 (absent: fine)
-                pass
+            for verb in ("queue_purge", "queue_delete"):  # Redis: purge drops the list; RabbitMQ: delete
+                try:
+                    getattr(conn.channel(), verb)(name)
+                except Exception:  # noqa: BLE001 (absent: fine)
+                    pass
 
 
 def counts(queue: str) -> dict[str, int]:
