@@ -38,36 +38,36 @@ def schedule(task: Any, **spec: Any):
 
 
 def schedule_many(specs, **kw: Any):
-    """Schedule many jobs in bulk; see :func:`cron_at_scale.scheduling.schedule_many`."""
-    from .scheduling import schedule_many as _schedule_many
+    """Schedule many jobs in bulk; see :func:`cron_at_scale.bulk.schedule_many`."""
+    from .bulk import schedule_many as _schedule_many
 
     return _schedule_many(specs, **kw)
 
 
 def cancel(job_id) -> bool:
-    """Cancel a job unless finished; see :func:`cron_at_scale.scheduling.cancel`."""
-    from .scheduling import cancel as _cancel
+    """Cancel a job unless finished; see :func:`cron_at_scale.control.cancel`."""
+    from .control import cancel as _cancel
 
     return _cancel(job_id)
 
 
 def requeue(job_id=None, **filters: Any) -> int:
-    """Put failed jobs back to pending; see :func:`cron_at_scale.scheduling.requeue`."""
-    from .scheduling import requeue as _requeue
+    """Put failed jobs back to pending; see :func:`cron_at_scale.control.requeue`."""
+    from .control import requeue as _requeue
 
     return _requeue(job_id, **filters)
 
 
 def pause(job_id, note: str = "") -> bool:
-    """Hold a recurring job; see :func:`cron_at_scale.scheduling.pause`."""
-    from .scheduling import pause as _pause
+    """Hold a recurring job; see :func:`cron_at_scale.control.pause`."""
+    from .control import pause as _pause
 
     return _pause(job_id, note)
 
 
 def resume(job_id) -> bool:
-    """Resume a paused job; see :func:`cron_at_scale.scheduling.resume`."""
-    from .scheduling import resume as _resume
+    """Resume a paused job; see :func:`cron_at_scale.control.resume`."""
+    from .control import resume as _resume
 
     return _resume(job_id)
 
