@@ -1,4 +1,4 @@
-"""The dispatcher: claim due jobs from PostgreSQL, publish them, reap expired leases.
+"""The dispatcher: claim due jobs from PostgreSQL, publish them; its loop runs the reaper.
 
 Any number of dispatchers may run at once: the claim statement locks rows
 with ``FOR UPDATE SKIP LOCKED`` and changes their state in the same
@@ -20,10 +20,11 @@ from datetime import timedelta
 
 from django.db import InterfaceError, OperationalError, transaction
 
-from . import conf, db, dlq, failpoints, metrics, retention
+from . import conf, db, failpoints, metrics, retention
 from .app import get_app
 from .checks import refuse_pickle
 from .publish import Claimed, Publisher, Sender
+from .reaper import Reaper
 from .recurrence import Recurrence, plan
 from .shards import AllShards, ShardLeases
 from .wakeup import Wakeup
@@ -59,14 +60,14 @@ class Dispatcher:
             raise ImproperlyConfigured(conf.contradictions({**{k: conf.get(k) for k in conf.DEFAULTS},
                                                             "LOOKAHEAD": self.lookahead,
                                                             "DISPATCH_LEASE": self.lease})[0])
-        self.reaper_interval = float(conf.get("REAPER_INTERVAL"))
-        self.max_lost = int(conf.get("MAX_LOST_ATTEMPTS"))
         self.max_broker_depth = int(conf.get("MAX_BROKER_DEPTH"))
         self.app = app or get_app()
         refuse_pickle(self.app)
         self.publisher = Publisher(self.app)
         # publishes on its own thread; a failing batch is retried for half its dispatch lease
         self.sender = Sender(self.publisher, self._sent, retry_for=self.lease / 2)
+        # re-fired runs go out through this dispatcher's sender
+        self.reaper = Reaper(self._publish, self.app, lease=self.lease, batch_size=self.batch_size)
         ttl = float(conf.get("SHARD_LEASE"))
         self.shards = AllShards() if shards == "all" else ShardLeases(self.name, ttl)
         self.shard_refresh = ttl / 4
@@ -74,7 +75,6 @@ class Dispatcher:
         self.stopping = threading.Event()
         self.claimed_total = 0
         self.published_total = 0
-        self._next_reap = 0.0
         self._next_shards = 0.0
         self._next_depth_check = 0.0
         self._broker_full = False
@@ -208,37 +208,27 @@ class Dispatcher:
         return self._broker_full
 
     def reap(self) -> int:
-        """Handle attempts whose lease expired; return how many were reaped.
+        """One pass of the reaper now (see :class:`cron_at_scale.reaper.Reaper`); return how many
+        expired attempts were reaped."""
+        return self.reaper.reap()
 
-        One transaction marks them lost, puts their one-off jobs back to
-        pending (or fails them after ``MAX_LOST_ATTEMPTS``) and gives lost
-        cron runs a new attempt for the same occurrence; after the commit,
-        those runs are published and failed jobs announced on the DLQ.
-        """
-        refire: list[Claimed] = []
-        with transaction.atomic():
-            lost = db.run("reap", {"limit": self.batch_size}, retries=0)
-            if not lost:
-                return 0
-            metrics.observe_reaped(len(lost))
-            failed = db.run("reap_once", {"job_ids": [r[0] for r in lost], "attempts": [r[1] for r in lost],
-                                          "started": [r[3] for r in lost], "max_lost": self.max_lost}, retries=0)
-            once = {r[0] for r in failed}
-            for job_id, _attempt, scheduled_at, started in lost:
-                if job_id in once:
-                    continue
-                rows = db.run("refire_cron", {"job_id": job_id, "scheduled_at": scheduled_at, "started": started,
-                                              "max_lost": self.max_lost, "lease": self.lease}, retries=0)
-                refire += [Claimed.from_row(r) for r in rows]
-        log.warning("reaped %d expired leases (%d cron runs fired again): %s", len(lost), len(refire),
-                    ", ".join(f"{r[0]}:{r[1]}" for r in lost[:10]))
-        if refire:
-            self._publish(refire)
-        for job_id, status, attempt, task in failed:
-            if status == "failed":
-                dlq.announce(self.app, job_id, attempt, task, f"lost {self.max_lost} attempts (lease expired each time)")
-                metrics.observe_dead_lettered()
-        return len(lost)
+    @property
+    def max_lost(self) -> int:
+        """Lost attempts after which a one-off job fails (the reaper's)."""
+        return self.reaper.max_lost
+
+    @max_lost.setter
+    def max_lost(self, value: int) -> None:
+        self.reaper.max_lost = value
+
+    @property
+    def reaper_interval(self) -> float:
+        """Seconds between two passes of the reaper."""
+        return self.reaper.interval
+
+    @reaper_interval.setter
+    def reaper_interval(self, value: float) -> None:
+        self.reaper.interval = value
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -253,9 +243,7 @@ class Dispatcher:
         if now >= self._next_shards:
             self._next_shards = now + self.shard_refresh
             self.shards.refresh()
-        if now >= self._next_reap:
-            self._next_reap = now + self.reaper_interval
-            self.reap()
+        self.reaper.maybe_reap(now)
         self.fire_timers(wait=wait)
         n = 0 if not claim or self.broker_full() else self.tick(wait=wait)
         self.fire_timers(wait=wait)
