@@ -21,8 +21,7 @@ from datetime import timedelta
 from django.db import InterfaceError, OperationalError, transaction
 
 from . import conf, db, failpoints, metrics, retention
-from .app import get_app
-from .checks import refuse_pickle
+from .celery_app import get_app, refuse_pickle
 from .publish import Claimed, Publisher, Sender
 from .reaper import Reaper
 from .recurrence import Recurrence, plan

@@ -50,8 +50,8 @@ _BUCKET_RANGES = (
 
 
 @dataclass
-class Status:
-    """A snapshot of the scheduler, as the dashboard and ``cron_status --json`` show it."""
+class StatusReport:
+    """A snapshot of the scheduler, as the dashboard and ``cron_status --json`` show it (``snapshot()``)."""
 
     db_now: str
     pending: dict[str, int]
@@ -81,6 +81,9 @@ class Status:
 
     def to_json(self, **extra: Any) -> str:
         return json.dumps({**self.as_dict(), **extra}, sort_keys=True)
+
+
+Status = StatusReport  # the old name (models.Status is the job's state)
 
 
 def _one(cur, query: str, params=()):
@@ -250,7 +253,7 @@ def workers(cur) -> list[dict[str, Any]]:
     return out
 
 
-def snapshot(window: float = DEFAULT_WINDOW) -> Status:
+def snapshot(window: float = DEFAULT_WINDOW) -> StatusReport:
     """Collect every figure (a dozen bounded statements, a few ms on an idle database)."""
     capped: list[str] = []
     with connection.cursor() as cur:
@@ -298,7 +301,7 @@ def snapshot(window: float = DEFAULT_WINDOW) -> Status:
                               "WHERE NOT schedule_type = 'once'")
         alive, names = _dispatchers(cur)
         worker_rows = workers(cur)
-    return Status(
+    return StatusReport(
         db_now=db_now.isoformat(), pending=pending, oldest_overdue_seconds=round(overdue, 3),
         lag_seconds=lag, lag_window_seconds=window, lag_sample=sample, in_progress=in_progress,
         expired_leases=expired, dlq=dlq, paused=paused, missed_occurrences=int(missed),

@@ -16,7 +16,7 @@ from typing import Any
 
 from . import conf
 from . import cron as cronlib
-from .app import is_registered
+from .celery_app import is_registered
 from .exceptions import ValidationError
 from .models import DEFAULT_CATCHUP_WINDOW, Catchup, Overlap
 

@@ -281,7 +281,7 @@ def _flush_at_shutdown(**kwargs) -> None:
 @worker_init.connect
 def _refuse_pickle(sender=None, **kwargs):
     """A worker of an app set up with JobTask refuses to start if it would accept pickle."""
-    from .checks import refuse_pickle
+    from .celery_app import refuse_pickle
 
     app = getattr(sender, "app", None)
     if app is not None and isinstance(app.Task, type) and issubclass(app.Task, JobTask):

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 import cron_at_scale
 from cron_at_scale import ValidationError
-from cron_at_scale.app import get_app
+from cron_at_scale.celery_app import get_app
 from cron_at_scale.models import Job
 
 HOSTILE = [
