@@ -329,7 +329,6 @@ class Scheduler(celery_beat.Scheduler):
     def __init__(self, app, *args, **kwargs):
         self.dispatcher = None
         self.report: SyncReport | None = None
-        self._next_reap = 0.0
         self._backoff = 0.0
         super().__init__(app, *args, **kwargs)  # calls setup_schedule() unless lazy
 

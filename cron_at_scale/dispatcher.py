@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-import os
 import signal
-import socket
 import threading
 import time
 from dataclasses import replace
@@ -22,6 +20,7 @@ from django.db import InterfaceError, OperationalError, transaction
 
 from . import conf, db, failpoints, metrics, retention
 from .celery_app import get_app, refuse_pickle
+from .identity import process_name
 from .publish import Claimed, Publisher, Sender
 from .reaper import Reaper
 from .recurrence import Recurrence, plan
@@ -32,8 +31,7 @@ log = logging.getLogger(__name__)
 
 TIMER_SLICE = 0.005  # seconds between two publishes of held runs
 
-def default_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+default_name = process_name  # the old name
 
 
 class Dispatcher:
@@ -48,7 +46,7 @@ class Dispatcher:
                  poll_interval: float | None = None, lease: float | None = None, app=None,
                  shards: str = "auto", lookahead: float | None = None):
         conf.check()
-        self.name = name or default_name()
+        self.name = name or process_name()
         self.batch_size = int(batch_size or conf.get("BATCH_SIZE"))
         self.poll_interval = float(conf.get("POLL_INTERVAL") if poll_interval is None else poll_interval)
         self.lease = float(lease or conf.get("DISPATCH_LEASE"))
@@ -128,7 +126,7 @@ class Dispatcher:
             early = self.lookahead if overlap == "allow" or not running else 0.0
             horizon = db_now + timedelta(seconds=early)
             p = plan(rec, occurrence_at, horizon, running=running, buffered=buffered_at)
-            attempt = base.attempts
+            attempt = base.attempt  # the counter before this claim
             for (occ, due_at), outcome in [*((s, "skipped") for s in p.skipped), *((f, "dispatched") for f in p.fire)]:
                 attempt += 1
                 logged["a_job_ids"].append(base.job_id)
@@ -137,7 +135,7 @@ class Dispatcher:
                 logged["a_outcomes"].append(outcome)
                 if outcome == "dispatched":
                     runs.append(replace(base, attempt=attempt, fire_at=due_at, occurrence=occ))
-            for key, value in zip(moved, (base.job_id, p.next_fire_at, p.next_occurrence, attempt - base.attempts,
+            for key, value in zip(moved, (base.job_id, p.next_fire_at, p.next_occurrence, attempt - base.attempt,
                                           p.missed, len(p.skipped), p.buffer)):
                 moved[key].append(value)
             if p.missed or p.skipped:

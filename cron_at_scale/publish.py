@@ -64,10 +64,6 @@ class Claimed:
     options: dict
     occurrence: datetime | None = None  # a recurring run's nominal occurrence (fire_at minus jitter)
 
-    @property
-    def attempts(self) -> int:
-        return self.attempt
-
     @classmethod
     def from_row(cls, row) -> Claimed:
         # Django's PostgreSQL backend hands jsonb to raw cursors as text.

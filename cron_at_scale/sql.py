@@ -25,9 +25,3 @@ def _load() -> dict[str, str]:
 
 
 QUERIES: dict[str, str] = _load()
-
-
-def execute(cursor, name: str, params: dict | None = None):
-    """Run the named query on a DB-API ``cursor`` with ``params``; return the cursor."""
-    cursor.execute(QUERIES[name], params or {})
-    return cursor

@@ -38,7 +38,6 @@ _RECENT_LAGS = """
 DEFAULT_WINDOW = 300.0  # seconds of attempts the lag figures cover
 DISPATCHER_SEEN = 60.0  # seconds: a dispatcher that claimed or polled within this is alive
 WORKERS_SHOWN = 3600.0  # seconds: workers last seen longer ago are not listed
-BUCKETS = ("overdue", "next_minute", "next_hour", "next_day", "later")
 
 # (bucket, lower bound, upper bound) as SQL intervals from now; the partial index on fire_at serves each.
 _BUCKET_RANGES = (

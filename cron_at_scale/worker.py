@@ -26,7 +26,6 @@ import contextvars
 import json
 import logging
 import os
-import socket
 import threading
 import time
 import traceback as tb
@@ -41,6 +40,7 @@ from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 from django.db import InterfaceError, OperationalError, connections
 
 from . import conf, db, metrics, retry, worker_health  # noqa: F401 (worker_health: its signal handlers)
+from .identity import process_name
 from .publish import HEADER
 
 log = logging.getLogger(__name__)
@@ -98,8 +98,7 @@ def job_header(request) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
-def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+worker_name = process_name  # the old name
 
 
 class AttemptWriter:
