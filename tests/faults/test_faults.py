@@ -1,4 +1,4 @@
-"""The fault-injection suite of issue 3: a scheduled job is never lost and no attempt runs twice.
+"""The fault-injection suite: whatever crashes or restarts, a scheduled job is never lost and no attempt runs twice.
 
 Each scenario runs real processes (``cron_dispatcher``, ``celery worker``,
 a private PostgreSQL and a private Redis), schedules jobs that fire while

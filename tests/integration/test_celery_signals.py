@@ -1,4 +1,4 @@
-"""Scheduled runs are ordinary Celery tasks: signals fire, task ids name the attempt (issue 7)."""
+"""Scheduled runs are ordinary Celery tasks, so Celery's monitoring keeps working: signals fire, task ids name the attempt."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""System checks and refusals at start (issue 7)."""
+"""System checks and refusals at start: a setting that would break a promise is named before anything runs."""
 
 from __future__ import annotations
 

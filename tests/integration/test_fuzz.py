@@ -1,4 +1,4 @@
-"""Fuzzing the scheduling API (issue 7): random arguments of every type to ``schedule``,
+"""Fuzzing the scheduling API, whose callers pass whatever their users typed: random arguments of every type to ``schedule``,
 ``schedule_many``, ``cancel``, ``requeue``, ``pause`` and ``resume``.
 
 The contract checked by every test: the only exception ever raised is
