@@ -23,6 +23,7 @@ from .exceptions import ValidationError
 from .ids import job_ids
 from .models import DEFAULT_CATCHUP_WINDOW, LIVE_STATUSES, Catchup, Job, Overlap, ScheduleType, Status
 from .scheduling import build_job, db_now
+from .sql import QUERIES
 from .validation import (
     MAX_COUNTDOWN,
     OPTIONS,
@@ -229,9 +230,6 @@ def _job_row(job: Job) -> tuple:
 
 
 # Columns that are the same for every job are left to their database defaults (retries, attempts, ...).
-_COPY_SQL = ("COPY cron_at_scale_job (id, fire_at, payload, task, queue, options, timezone, max_retries, "
-             "schedule_type, cron_expr, interval, occurrence_at, catchup, catchup_window, overlap, jitter, status) "
-             "FROM STDIN")
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
@@ -284,7 +282,7 @@ def _copy(rows: Iterator[tuple], limit: int, chunk: int = 1000) -> list[Job]:
         return jobs
     reader = _Reader(chain([first], stream))
     with connection.cursor() as cur:
-        cur.copy_expert(_COPY_SQL, reader)
+        cur.copy_expert(QUERIES["copy_jobs"], reader)
     if reader.error is not None:
         raise reader.error
     return jobs
