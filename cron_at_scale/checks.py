@@ -38,7 +38,7 @@ def check_database(app_configs=None, databases=None, **kwargs):
         return [Error(
             f"cron_at_scale needs PostgreSQL 13+; the default database is {engine}.",
             hint="Its claim uses FOR UPDATE SKIP LOCKED, jsonb and LISTEN/NOTIFY. Point DATABASES['default'] "
-                 "(or DATABASE_URL) at PostgreSQL; for a laptop, pip install 'cron-at-scale[embedded]'.",
+                 "(or DATABASE_URL) at PostgreSQL; for a laptop, the repository's docker-compose.yml starts one.",
             id="cron_at_scale.E002")]
     try:
         with connections["default"].cursor() as cur:

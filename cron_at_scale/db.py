@@ -9,10 +9,12 @@ not keep sessions (PgBouncer in transaction mode).
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import time
 import weakref
+from collections import namedtuple
 from dataclasses import dataclass, field
 
 from django.db import (
@@ -26,15 +28,16 @@ from django.db import (
 )
 
 from . import conf
-from .sql import QUERIES
+from .sql import OPTIONS, QUERIES
 
 log = logging.getLogger(__name__)
 
-# Run per task by every worker: worth preparing. (The claim runs once per batch and keeps
-# custom plans: its shard filter folds away only when planned with its values.)
-PREPARED = frozenset({"start_attempt", "finish_attempt", "retry_attempt", "heartbeat", "keep_result"})
+# Statements marked :prepared in queries.sql: run per task by every worker, worth preparing.
+# (The claim runs once per batch and keeps custom plans: its shard filter folds away only
+# when planned with its values.)
+PREPARED = frozenset(name for name, opts in OPTIONS.items() if "prepared" in opts)
 _PARAM = re.compile(r"%\((\w+)\)s")
-_SET_LOCAL = "SET LOCAL synchronous_commit = off;"
+_ASYNC = "SET LOCAL synchronous_commit = off; "  # statements marked :async, in their own transaction
 # Left to itself PostgreSQL keeps planning these per execution (their array
 # parameters make each custom plan look cheaper): ~1 ms of planning against
 # ~0.1 ms of execution. Their generic plan should reach each row by primary key
@@ -43,10 +46,11 @@ _SET_LOCAL = "SET LOCAL synchronous_commit = off;"
 # O(table) at every task.
 _GENERIC = ("SET LOCAL plan_cache_mode = force_generic_plan; SET LOCAL enable_seqscan = off; "
             "SET LOCAL enable_bitmapscan = off;")
-# Statements that begin with SET LOCALs meant for their own implicit transaction: their text without them.
-# (claim_settings is only SET LOCALs, for the claim's transaction: not one of them.)
-_OWN_SETTINGS = {name: text[len(_SET_LOCAL):].strip() for name, text in QUERIES.items()
-                 if text.startswith(_SET_LOCAL) and not text[len(_SET_LOCAL):].lstrip().startswith("SET ")}
+# A statement's own SET LOCALs, sent only when it runs in its own transaction: inside a
+# caller's transaction (an eager run, a test) they would outlive it and change the caller's
+# commit and plans.
+_SETTINGS = {name: (_ASYNC if "async" in OPTIONS[name] else "") + (_GENERIC + " " if name in PREPARED else "")
+             for name in QUERIES}
 # The generic plan is made at the first EXECUTE after a PREPARE, for the tables as
 # they were then (their current size, the statistics' density): the statements are
 # prepared again every REPLAN_EVERY executions or REPLAN_SECONDS, so a plan made
@@ -85,7 +89,7 @@ def _execute_prepared_once(cur, conn, name: str, params: dict, bare: bool) -> No
     cache = _templates.setdefault(conn.connection, {})
     entry = cache.get(name)
     if entry is None:
-        text = _OWN_SETTINGS.get(name, QUERIES[name])
+        text = QUERIES[name]
         names: list[str] = []
         for found in _PARAM.findall(text):
             if found not in names:
@@ -96,8 +100,7 @@ def _execute_prepared_once(cur, conn, name: str, params: dict, bare: bool) -> No
                     [f"cas_{name}"])
         types = [r[0] for r in cur.fetchall()]
         args = ", ".join(f"%({n})s::{t}" for n, t in zip(names, types))
-        settings = f"{_SET_LOCAL} {_GENERIC} " if name in _OWN_SETTINGS else f"{_GENERIC} "
-        entry = cache[name] = _Prepared(settings, f"EXECUTE cas_{name}({args})", body)
+        entry = cache[name] = _Prepared(_SETTINGS[name], f"EXECUTE cas_{name}({args})", body)
     elif entry.runs >= REPLAN_EVERY or time.monotonic() - entry.prepared_at > REPLAN_SECONDS:
         cur.execute(f"DEALLOCATE cas_{name}; PREPARE cas_{name} AS {entry.body}")  # for the tables as they are now
         entry.runs, entry.prepared_at = 0, time.monotonic()
@@ -106,7 +109,8 @@ def _execute_prepared_once(cur, conn, name: str, params: dict, bare: bool) -> No
 
 
 def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: int = 1):
-    """Execute query ``name`` in autocommit; return rows (``fetch='all'``), one row, or None.
+    """Execute query ``name`` in autocommit; return its rows (``fetch='all'``), one row or None
+    (``'one'``), each a named tuple of its columns, or the row count (``'count'``).
 
     On a broken connection (PostgreSQL restarted) the connection is dropped
     and the statement tried again ``retries`` times. Only for statements that
@@ -122,7 +126,7 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
                 if name in PREPARED and conf.get("PREPARED_STATEMENTS"):
                     _execute_prepared(cur, conn, name, params or {}, bare)
                 else:
-                    cur.execute(_OWN_SETTINGS[name] if bare and name in _OWN_SETTINGS else QUERIES[name], params or {})
+                    cur.execute(QUERIES[name] if bare else _SETTINGS[name] + QUERIES[name], params or {})
                 return _fetch(cur, fetch)
         except (OperationalError, InterfaceError):
             if attempt == retries:
@@ -134,11 +138,20 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
 
 
 def _fetch(cur, fetch: str):
+    if fetch == "count":
+        return cur.rowcount
+    row_type = _row_type(tuple(c.name for c in cur.description))
     if fetch == "all":
-        return cur.fetchall()
-    if fetch == "one":
-        return cur.fetchone()
-    return cur.rowcount
+        return [row_type._make(r) for r in cur.fetchall()]
+    row = cur.fetchone()
+    return None if row is None else row_type._make(row)
+
+
+@functools.lru_cache(maxsize=256)
+def _row_type(columns: tuple[str, ...]):
+    """Rows by column name (a named tuple per column list, built once): a reordered SELECT
+    cannot silently shift what a caller reads. Columns must be named (``AS name``)."""
+    return namedtuple("Row", columns, rename=True)  # an unnamed column becomes _<position>
 
 
 def reset_connection() -> None:

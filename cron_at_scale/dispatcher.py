@@ -101,9 +101,9 @@ class Dispatcher:
                                     "lookahead": self.lookahead, **self.shards.claim_params()}, retries=0)
             metrics.observe_claim(len(rows), time.monotonic() - t0)
             if rows:
-                self._clock = (rows[0][17].timestamp(), time.monotonic())
-            runs = [Claimed.from_row(r) for r in rows if r[3] == "once"]
-            recurring = [r for r in rows if r[3] != "once"]
+                self._clock = (rows[0].db_now.timestamp(), time.monotonic())
+            runs = [Claimed.from_row(r) for r in rows if r.schedule_type == "once"]
+            recurring = [r for r in rows if r.schedule_type != "once"]
             if recurring:
                 runs += self._advance(recurring)
         return runs
@@ -113,15 +113,15 @@ class Dispatcher:
         logged: dict[str, list] = {k: [] for k in ("a_job_ids", "a_attempts", "a_scheduled", "a_outcomes")}
         runs: list[Claimed] = []
         # Read after the claim locked the rows, in a statement of its own (see running_jobs).
-        watched = [row[0] for row in rows if row[14] != "allow"]
-        busy = {r[0] for r in db.run("running_jobs", {"ids": watched}, retries=0)} if watched else set()
+        watched = [row.id for row in rows if row.overlap != "allow"]
+        busy = {r.job_id for r in db.run("running_jobs", {"ids": watched}, retries=0)} if watched else set()
         for row in rows:
             base = Claimed.from_row(row)
-            interval, occurrence_at, catchup, window, overlap, jitter, buffered_at, db_now = row[10:18]
+            overlap, buffered_at, db_now = row.overlap, row.buffered_at, row.db_now
             running = base.job_id in busy
-            rec = Recurrence(str(base.job_id), base.schedule_type, base.cron_expr, base.timezone, interval,
-                             jitter, catchup, window, overlap)
-            occurrence_at = occurrence_at or base.fire_at
+            rec = Recurrence(str(base.job_id), base.schedule_type, base.cron_expr, base.timezone, row.interval,
+                             row.jitter, row.catchup, row.catchup_window, overlap)
+            occurrence_at = row.occurrence_at or base.fire_at
             if buffered_at is None and base.fire_at < occurrence_at:
                 buffered_at = base.fire_at  # fire_at moved before the schedule ("run now"): one extra run
             # Runs due within the look-ahead go to the timers; but whether a run overlaps
@@ -143,7 +143,7 @@ class Dispatcher:
                 moved[key].append(value)
             if p.missed or p.skipped:
                 log.warning("job %s: %d occurrences missed (catch-up %s, window %.0fs), %d skipped (overlap %s)",
-                            base.job_id, p.missed, catchup, window, len(p.skipped), overlap)
+                            base.job_id, p.missed, row.catchup, row.catchup_window, len(p.skipped), overlap)
         db.run("advance_recurring", {**moved, **logged, "lease": self.lease}, fetch="count", retries=0)
         return runs
 

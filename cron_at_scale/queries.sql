@@ -1,5 +1,8 @@
 -- The SQL of the hot path, in one place. Loaded by cron_at_scale/sql.py:
--- each query starts with a "-- name: <name>" line; parameters are %(name)s.
+-- each query starts with a "-- name: <name> [:option ...]" line; parameters are %(name)s.
+-- Options: :async (this statement commits with synchronous_commit off: its loss in a
+-- crash is harmless, its comment says why), :prepared (run per task by every worker:
+-- a prepared statement with a generic plan, see cron_at_scale/db.py).
 -- Every time comes from the database clock, never from a node: statement_timestamp()
 -- (not now(), which is frozen at the start of a surrounding transaction).
 
@@ -61,7 +64,7 @@ WITH due AS (
 )
 SELECT c.id, c.attempts, c.fire_at, c.schedule_type, c.cron_expr, c.timezone, c.task, c.payload, c.queue,
        c.options, c.interval, c.occurrence_at, c.catchup, c.catchup_window, c.overlap, c.jitter, c.buffered_at,
-       statement_timestamp()
+       statement_timestamp() AS db_now
 FROM claimed AS c;
 
 -- name: running_jobs
@@ -97,7 +100,7 @@ SELECT r.job_id, r.attempt, r.scheduled_at, statement_timestamp(),
 FROM unnest(%(a_job_ids)s::uuid[], %(a_attempts)s::int[], %(a_scheduled)s::timestamptz[], %(a_outcomes)s::text[])
      AS r(job_id, attempt, scheduled_at, outcome);
 
--- name: start_attempt
+-- name: start_attempt :prepared
 -- A worker starts an attempt, and writes the succeeded attempts its process
 -- handed over since its last write: one statement, one round trip per task.
 -- Only a 'dispatched' attempt starts, so a redelivered message (already
@@ -188,7 +191,7 @@ WHERE a.id = (SELECT id FROM target)
 RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retries, j.max_retries, j.options,
           a.started_at, j.created_at, a.attempt;
 
--- name: finish_attempt
+-- name: finish_attempt :prepared
 -- Close an attempt and, for a one-off job still on this attempt, set its
 -- final status. An attempt whose job was cancelled while it ran ends
 -- 'cancelled' whatever the task returned (cooperative cancellation).
@@ -214,7 +217,7 @@ WHERE j.id = a.job_id AND (
     (j.schedule_type = 'once' AND j.status = 'in_progress' AND j.attempts = %(attempt)s)
     OR (j.schedule_type <> 'once' AND j.status = 'pending' AND j.buffered_at IS NOT NULL));
 
--- name: retry_attempt
+-- name: retry_attempt :prepared
 -- Close an attempt as retried and put its one-off job back to pending after
 -- %(delay)s seconds of backoff (database clock), one retry used. An attempt
 -- whose job was cancelled meanwhile ends 'cancelled' and the job stays so.
@@ -235,14 +238,13 @@ FROM a
 WHERE j.id = a.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress'
   AND j.attempts = %(attempt)s;
 
--- name: heartbeat
+-- name: heartbeat :prepared :async
 -- Extend the leases of attempts running in this worker process (and of their
 -- one-off jobs, so the admin shows a live lease); report, as (job_id, attempt,
 -- reason), the runs whose job was cancelled meanwhile ('cancelled') and those
 -- whose lease had already run out and were reaped ('lost': the job fired again).
--- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
--- crashes in the next few ms this renewal is lost; the next one renews it.
-SET LOCAL synchronous_commit = off;
+-- Asynchronous commit: if PostgreSQL itself crashes in the next few ms this
+-- renewal is lost; the next one renews it.
 WITH hb AS (
     UPDATE cron_at_scale_jobattempt AS a
     SET locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
@@ -258,7 +260,7 @@ WITH hb AS (
     WHERE j.id = ANY(ARRAY(SELECT job_id FROM hb)) AND j.schedule_type = 'once' AND j.status = 'in_progress'
       AND j.attempts IN (SELECT h.attempt FROM hb AS h WHERE h.job_id = j.id)
 )
-SELECT j.id, h.attempt, 'cancelled' FROM hb AS h JOIN cron_at_scale_job AS j ON j.id = h.job_id
+SELECT j.id AS job_id, h.attempt, 'cancelled' AS reason FROM hb AS h JOIN cron_at_scale_job AS j ON j.id = h.job_id
 WHERE j.cancel_requested
 UNION ALL
 SELECT o.job_id, o.attempt, 'lost'
@@ -283,7 +285,7 @@ SET outcome = 'lost', finished_at = statement_timestamp(),
                  ELSE 'lease expired while running: the worker died' END
 FROM expired
 WHERE a.id = expired.id
-RETURNING a.job_id, a.attempt, a.scheduled_at, a.started_at IS NOT NULL;
+RETURNING a.job_id, a.attempt, a.scheduled_at, a.started_at IS NOT NULL AS started;
 
 -- name: reap_once
 -- One-off jobs of lost attempts go back to pending, to fire again at once with
@@ -324,7 +326,8 @@ WITH j AS (
            GREATEST(statement_timestamp(), %(scheduled_at)s) + make_interval(secs => %(lease)s), 'dispatched'
     FROM j
 )
-SELECT id, attempts, %(scheduled_at)s::timestamptz, schedule_type, cron_expr, timezone, task, payload, queue, options
+SELECT id, attempts, %(scheduled_at)s::timestamptz AS fire_at, schedule_type, cron_expr, timezone, task, payload,
+       queue, options
 FROM j;
 
 -- name: requeue
@@ -372,7 +375,7 @@ WITH me AS (
     ON CONFLICT (name) DO UPDATE SET last_seen = EXCLUDED.last_seen, shards = EXCLUDED.shards
     RETURNING name
 )
-SELECT 1 + count(*) FROM cron_at_scale_dispatcherheartbeat
+SELECT 1 + count(*) AS alive FROM cron_at_scale_dispatcherheartbeat
 WHERE name <> %(name)s AND last_seen > statement_timestamp() - make_interval(secs => %(ttl)s);
 
 -- name: renew_shards
@@ -408,12 +411,10 @@ INSERT INTO cron_at_scale_shardlease (shard, owner, expires_at)
 SELECT s, '', statement_timestamp() FROM generate_series(0, %(n)s - 1) AS s
 ON CONFLICT (shard) DO NOTHING;
 
--- name: keep_result
+-- name: keep_result :prepared :async
 -- A task's JSON return value, kept on its attempt (Django Tasks results).
--- Asynchronous commit (SET LOCAL, this statement only): if PostgreSQL itself
--- crashes in the next few ms this write is lost, the attempt's lease expires
--- and the job runs again as a new attempt (at-least-once).
-SET LOCAL synchronous_commit = off;
+-- Asynchronous commit: the attempt's completion, written after it, commits
+-- synchronously and so makes it durable too.
 UPDATE cron_at_scale_jobattempt SET result = %(result)s::jsonb
 WHERE job_id = %(job_id)s AND attempt = %(attempt)s;
 
@@ -432,3 +433,36 @@ WHERE a.job_id = %(job_id)s AND a.attempt >= %(attempt)s AND a.outcome = 'runnin
   AND j.id = a.job_id
 ORDER BY a.attempt
 LIMIT 1;
+
+-- name: retention_cutoff
+-- Retention (cron_at_scale/retention.py): finished jobs last updated before this are purged.
+SELECT statement_timestamp() - make_interval(secs => %(age)s);
+
+-- name: retention_chunk
+-- The next chunk of finished jobs, oldest first: a keyset walk of cron_job_finished_updated.
+SELECT id, updated_at FROM cron_at_scale_job
+WHERE status IN ('completed', 'cancelled') AND updated_at < %(cutoff)s
+  AND (updated_at, id) > (%(after_at)s, %(after_id)s)
+ORDER BY updated_at, id
+LIMIT %(n)s;
+
+-- name: retention_count_attempts
+SELECT count(*) FROM cron_at_scale_jobattempt WHERE job_id = ANY(%(ids)s::uuid[]) AND finished_at IS NOT NULL;
+
+-- name: retention_delete_attempts
+-- At most %(n)s finished attempts of these jobs, skipping rows another session holds.
+DELETE FROM cron_at_scale_jobattempt WHERE id IN (
+    SELECT id FROM cron_at_scale_jobattempt
+    WHERE job_id = ANY(%(ids)s::uuid[]) AND finished_at IS NOT NULL
+    LIMIT %(n)s
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: retention_delete_jobs
+-- The jobs, re-checked under their row lock: still finished, still old, no attempt left.
+DELETE FROM cron_at_scale_job WHERE id IN (
+    SELECT j.id FROM cron_at_scale_job AS j
+    WHERE j.id = ANY(%(ids)s::uuid[]) AND j.status IN ('completed', 'cancelled') AND j.updated_at < %(cutoff)s
+      AND NOT EXISTS (SELECT 1 FROM cron_at_scale_jobattempt AS a WHERE a.job_id = j.id)
+    FOR UPDATE SKIP LOCKED
+);

@@ -29,42 +29,14 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
+from .sql import QUERIES
+
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 1000  # rows per delete: a few ms of locks, small WAL bursts
 RETENTION_INTERVAL = 60.0  # seconds between the dispatcher's purges: retention is by days, not seconds
 RETENTION_BUDGET = 0.5  # seconds of purging per dispatcher call, so the claim loop is never held up long
 FINISHED = ("completed", "cancelled")
-
-_CHUNK = """
-    SELECT id, updated_at FROM cron_at_scale_job
-    WHERE status IN ('completed', 'cancelled') AND updated_at < %(cutoff)s
-      AND (updated_at, id) > (%(after_at)s, %(after_id)s)
-    ORDER BY updated_at, id
-    LIMIT %(n)s
-"""
-
-_DELETE_ATTEMPTS = """
-    DELETE FROM cron_at_scale_jobattempt WHERE id IN (
-        SELECT id FROM cron_at_scale_jobattempt
-        WHERE job_id = ANY(%(ids)s::uuid[]) AND finished_at IS NOT NULL
-        LIMIT %(n)s
-        FOR UPDATE SKIP LOCKED
-    )
-"""
-
-_DELETE_JOBS = """
-    DELETE FROM cron_at_scale_job WHERE id IN (
-        SELECT j.id FROM cron_at_scale_job AS j
-        WHERE j.id = ANY(%(ids)s::uuid[]) AND j.status IN ('completed', 'cancelled') AND j.updated_at < %(cutoff)s
-          AND NOT EXISTS (SELECT 1 FROM cron_at_scale_jobattempt AS a WHERE a.job_id = j.id)
-        FOR UPDATE SKIP LOCKED
-    )
-"""
-
-_COUNT_ATTEMPTS = """
-    SELECT count(*) FROM cron_at_scale_jobattempt WHERE job_id = ANY(%(ids)s::uuid[]) AND finished_at IS NOT NULL
-"""
 
 _EPOCH = datetime.fromisoformat("0001-01-01T00:00:00+00:00")
 _NIL = "00000000-0000-0000-0000-000000000000"
@@ -86,13 +58,13 @@ def purge(older_than_seconds: float, batch_size: int = DEFAULT_BATCH_SIZE, dry_r
         raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
     deadline = None if budget_seconds is None else time.monotonic() + budget_seconds
     with connection.cursor() as cur:
-        cur.execute("SELECT statement_timestamp() - make_interval(secs => %s)", [float(older_than_seconds)])
+        cur.execute(QUERIES["retention_cutoff"], {"age": float(older_than_seconds)})
         (cutoff,) = cur.fetchone()
     after_at, after_id = _EPOCH, _NIL
     jobs = attempts = 0
     while True:
         with connection.cursor() as cur:
-            cur.execute(_CHUNK, {"cutoff": cutoff, "after_at": after_at, "after_id": after_id, "n": batch_size})
+            cur.execute(QUERIES["retention_chunk"], {"cutoff": cutoff, "after_at": after_at, "after_id": after_id, "n": batch_size})
             chunk = cur.fetchall()
         if not chunk:
             break
@@ -100,19 +72,19 @@ def purge(older_than_seconds: float, batch_size: int = DEFAULT_BATCH_SIZE, dry_r
         after_at, after_id = chunk[-1][1], chunk[-1][0]
         if dry_run:
             with connection.cursor() as cur:
-                cur.execute(_COUNT_ATTEMPTS, {"ids": ids})
+                cur.execute(QUERIES["retention_count_attempts"], {"ids": ids})
                 attempts += cur.fetchone()[0]
             jobs += len(ids)
         else:
             while True:  # attempts first, each delete its own short transaction
                 with transaction.atomic(), connection.cursor() as cur:
-                    cur.execute(_DELETE_ATTEMPTS, {"ids": ids, "n": batch_size})
+                    cur.execute(QUERIES["retention_delete_attempts"], {"ids": ids, "n": batch_size})
                     n = cur.rowcount
                 attempts += n
                 if n < batch_size:
                     break
             with transaction.atomic(), connection.cursor() as cur:
-                cur.execute(_DELETE_JOBS, {"ids": ids, "cutoff": cutoff})
+                cur.execute(QUERIES["retention_delete_jobs"], {"ids": ids, "cutoff": cutoff})
                 jobs += cur.rowcount
         if len(chunk) < batch_size or (deadline is not None and time.monotonic() > deadline):
             break

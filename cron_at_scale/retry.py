@@ -161,7 +161,7 @@ def _delay(task, n: int, call: RetryCall | None, opts: dict, now: datetime | Non
     if call is not None and (call.countdown is not None or call.eta is not None):
         # As Celery sends it: a non-zero countdown wins over eta.
         if call.countdown or call.eta is None:
-            return float(call.countdown or 0)  # None only with an eta, which is not this branch
+            return float(call.countdown or 0.0)
         return _seconds_until(call.eta, task, now)
     if "retry_backoff" in opts:
         return backoff(n, float(opts["retry_backoff"]), cap, jitter)

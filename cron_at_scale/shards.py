@@ -44,9 +44,9 @@ class ShardLeases:
     def refresh(self) -> set[int]:
         """Say we are alive, renew, then take or give back shards toward a fair share."""
         live = db.run("heartbeat_dispatcher", {"name": self.name, "ttl": self.ttl,
-                                              "shards": json.dumps(sorted(self.owned))}, fetch="one")[0]
+                                              "shards": json.dumps(sorted(self.owned))}, fetch="one").alive
         target = math.ceil(NUM_SHARDS / max(1, live))
-        owned = {r[0] for r in db.run("renew_shards", {"name": self.name, "ttl": self.ttl})}
+        owned = {r.shard for r in db.run("renew_shards", {"name": self.name, "ttl": self.ttl})}
         if len(owned) > target:
             extra = sorted(owned)[target:]
             db.run("release_shards", {"name": self.name, "shards": extra}, fetch="count")
@@ -56,7 +56,7 @@ class ShardLeases:
                 db.run("ensure_shards", {"n": NUM_SHARDS}, fetch="count")
                 self._ensured = True
             got = db.run("acquire_shards", {"name": self.name, "ttl": self.ttl, "n": target - len(owned)})
-            owned |= {r[0] for r in got}
+            owned |= {r.shard for r in got}
         if owned != self.owned:
             log.info("dispatcher %s holds %d shards (%d dispatchers alive)", self.name, len(owned), live)
         self.owned = owned

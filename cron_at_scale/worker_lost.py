@@ -14,7 +14,7 @@ process sees it at once and sends Celery's ``task_failure`` signal there
 
 This module, loaded in the parent by ``cron_at_scale.worker``, records such
 a failure of a scheduled run as the job's own, as the middleware does for an
-exception (``worker._record_failure``), instead of leaving the attempt to
+exception (``middleware.retry_policy.RetryPolicy``), instead of leaving the attempt to
 expire after ``RUN_LEASE`` and count as lost toward ``MAX_LOST_ATTEMPTS``:
 
 * the attempt the dead process was running ends ``failed`` or ``retried``

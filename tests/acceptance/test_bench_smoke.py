@@ -7,6 +7,7 @@ that each workload ran to the end (every job fired and executed) and reported.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -36,6 +37,12 @@ def test_the_benchmark_runs_at_a_small_size_and_prints_a_json_line(transactional
     assert c["firing"]["on_broker"] == c["firing"]["jobs"]
     assert c["burst"]["on_broker"] == c["burst"]["jobs"]
     assert c["firing"]["ratio_to_ceiling"] > 0
+    if os.environ.get("CELERY_RABBITMQ_URL"):  # the RabbitMQ firing rate, beside Redis's (.ci/run sets it)
+        for part in ("firing", "general_path"):
+            rabbit = c["rabbitmq"][part]
+            assert rabbit["jobs_per_s"] > 0 and rabbit["on_broker"] == rabbit["jobs"], part
+            assert len(rabbit["rounds_jobs_per_s"]) == 3
+        assert c["rabbitmq"]["firing"]["confirm_wait_seconds"] >= 0
 
     w3 = r["w3"]
     assert w3["schedule_many"]["jobs_per_s"] > 0 and w3["empty_jobs_per_s"] > 0 and w3["full_jobs_per_s"] > 0

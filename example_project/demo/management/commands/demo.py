@@ -47,7 +47,7 @@ class Command(BaseCommand):
         "Run the whole scheduler for real: migrations, one dispatcher, two Celery workers; schedule "
         "--jobs jobs (most due now, some over the next --spread seconds, a few every-second cron jobs, a "
         "few cancelled), show progress, and print a summary (and with --json a final JSON line). Uses "
-        "DATABASE_URL / CELERY_BROKER_URL when set, else embedded PostgreSQL and Redis. Exit status 1 if a "
+        "DATABASE_URL / CELERY_BROKER_URL when set, else the embedded PostgreSQL and broker of devservices/. Exit status 1 if a "
         "job was missed or an attempt executed twice."
     )
 

@@ -1,0 +1,206 @@
+"""The RabbitMQ fast publish path: Celery's messages field by field, run by a real worker, and
+publisher confirms (a message the broker did not take is not sent: the run stays for the reaper).
+
+RabbitMQ: ``CELERY_RABBITMQ_URL`` (``.ci/run`` sets it when it has a RabbitMQ), else the local
+default vhost; the tests are skipped only when no RabbitMQ answers there.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import pytest
+from celery import Celery
+from demo.models import Execution
+from demo.runner import Processes, child_env, database_url, wait_for_workers
+from helpers import sql, wait_until
+from kombu import Connection, Exchange, Queue
+
+import cron_at_scale
+from cron_at_scale.dispatcher import Dispatcher
+from cron_at_scale.models import Job, JobAttempt
+from cron_at_scale.publish import Publisher
+from cron_at_scale.publish_amqp import NotConfirmed
+
+pytestmark = pytest.mark.acceptance
+
+RABBIT_URL = os.environ.get("CELERY_RABBITMQ_URL") or "amqp://guest:guest@127.0.0.1:5672//"
+QUEUES = ("celery", "reports", "cas_topical", "cas_bound", "cas_capped")
+TOPIC = Exchange("cas_topic", type="topic")
+DIRECT = Exchange("cas_direct", type="direct")
+
+
+def rabbit_app() -> Celery:
+    """The test settings' Celery configuration with RabbitMQ as its broker, and routes through
+    custom exchanges: a topic exchange, an explicit exchange + routing key, a capped queue."""
+    app = Celery("cas_rabbit_tests", set_as_current=False)
+    app.config_from_object("django.conf:settings", namespace="CELERY")
+    # the CELERY_BROKER_URL variable (the suite's Redis) beats broker_url, not these
+    app.conf.broker_write_url = app.conf.broker_read_url = RABBIT_URL
+    app.conf.task_queues = [
+        Queue("celery"), Queue("reports"),
+        Queue("cas_topical", TOPIC, routing_key="cas.#"),
+        Queue("cas_bound", DIRECT, routing_key="bound"),
+        Queue("cas_capped", queue_arguments={"x-max-length": 2, "x-overflow": "reject-publish"}),
+    ]
+    app.conf.task_routes = {
+        "demo.tasks.noop": {"queue": "cas_topical", "routing_key": "cas.noop"},
+        "demo.tasks.sleep": {"exchange": "cas_direct", "routing_key": "bound"},
+        "demo.tasks.flaky": {"exchange": "cas_direct", "routing_key": "nowhere"},  # bound to no queue
+        "demo.tasks.fail": {"exchange": "cas_missing", "routing_key": "x"},  # an exchange nobody declared
+    }
+    return app
+
+
+def purge(app: Celery) -> None:
+    with app.connection_for_write() as conn:
+        channel = conn.default_channel
+        for q in app.conf.task_queues:
+            q(channel).declare()
+            channel.queue_purge(q.name)
+
+
+@functools.cache
+def unreachable() -> str | None:
+    """Why no RabbitMQ answers at RABBIT_URL (asked once), or None."""
+    try:
+        with Connection(RABBIT_URL, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as e:
+        return f"no RabbitMQ answers at {RABBIT_URL} ({e}); set CELERY_RABBITMQ_URL"
+    return None
+
+
+@pytest.fixture
+def rabbit():
+    """A Celery app whose broker is RabbitMQ, its queues declared and empty."""
+    if unreachable():
+        pytest.skip(unreachable())
+    app = rabbit_app()
+    purge(app)
+    yield app
+    purge(app)
+    with app.connection_for_write() as conn:  # the capped queue is re-declared per test
+        conn.default_channel.queue_delete("cas_capped")
+
+
+def get(app: Celery, queue: str):
+    """The next message on ``queue`` as a worker receives it (None when empty)."""
+    with app.connection_for_write() as conn:
+        return conn.default_channel.basic_get(queue, no_ack=True)
+
+
+def fields(message) -> dict:
+    props = dict(message.properties)
+    headers = props.pop("application_headers")
+    info = {k: message.delivery_info[k] for k in ("exchange", "routing_key", "redelivered")}
+    return {"body": message.body, "headers": headers, "properties": props, "delivery_info": info}
+
+
+@pytest.mark.parametrize(("spec", "queue"), [
+    ({}, "celery"),
+    ({"args": [1, "two", None], "kwargs": {"x": [1.5, {"y": True}]}}, "celery"),
+    ({"priority": 7}, "celery"),
+    ({"queue": "reports"}, "reports"),
+    ({"task": "demo.tasks.noop"}, "cas_topical"),  # task_routes: a topic exchange and routing key
+    ({"task": "demo.tasks.sleep", "args": [0.1]}, "cas_bound"),  # task_routes: exchange + routing key
+])
+def test_amqp_fast_path_messages_equal_send_task_messages(rabbit, transactional_db, spec, queue):
+    spec = dict(spec)
+    job = cron_at_scale.schedule(spec.pop("task", "demo.tasks.record"), **spec)
+    batch = Dispatcher(name="t", app=rabbit).claim()
+    publisher = Publisher(rabbit)
+    assert publisher.kind == "amqp"
+    publisher.publish(batch)
+    fast = get(rabbit, queue)
+    publisher._send_tasks(batch)
+    slow = get(rabbit, queue)
+    publisher.close()
+    assert fast is not None and slow is not None
+    assert get(rabbit, queue) is None
+    fast, slow = fields(fast), fields(slow)
+    for part in ("headers", "properties", "delivery_info"):
+        keys = set(fast[part]) | set(slow[part])
+        assert {k: (fast[part].get(k), slow[part].get(k)) for k in keys if fast[part].get(k) != slow[part].get(k)} == {}
+    assert fast == slow
+    assert fast["headers"]["id"] == f"{job.id}:1"
+    assert fast["headers"]["cron_at_scale"]["job_id"] == str(job.id)
+    assert fast["properties"]["priority"] == spec.get("priority", 0)
+    assert fast["properties"]["delivery_mode"] == 2
+
+
+@pytest.fixture
+def rabbit_system(rabbit, transactional_db, tmp_path):
+    """Worker processes whose broker is RabbitMQ (the test database), stopped at the end."""
+    from django.db import connection
+
+    procs = Processes(child_env(database_url(connection.settings_dict), RABBIT_URL), log_dir=tmp_path / "logs")
+    procs.app = rabbit
+    yield procs
+    procs.stop()
+
+
+def test_amqp_fast_path_messages_run_on_a_real_worker(rabbit_system):
+    app = rabbit_system.app
+    cron_at_scale.schedule_many([{"task": "demo.tasks.record", "args": [i], "priority": i % 10} for i in range(50)])
+    cron_at_scale.schedule_many([{"task": "demo.tasks.record", "queue": "reports"} for _ in range(10)])
+    d = Dispatcher(name="t", app=app, shards="all")
+    assert d.publisher.kind == "amqp"
+    while d.step():
+        pass
+    d.close()
+    assert d.published_total == 60
+    rabbit_system.worker("w1", concurrency=2, extra=["-Q", "celery,reports"])
+    wait_for_workers(app, ["w1"])
+    wait_until(lambda: Job.objects.filter(status="completed").count() == 60, timeout=120,
+               what="60 jobs run from RabbitMQ fast-path messages")
+    assert Execution.objects.count() == 60
+    assert set(Execution.objects.values_list("attempt", flat=True)) == {1}
+
+
+def test_a_message_routed_to_no_queue_is_not_sent(rabbit, transactional_db):
+    with rabbit.connection_for_write() as conn:  # the exchange exists; nothing is bound to "nowhere"
+        DIRECT(conn.default_channel).declare()
+    cron_at_scale.schedule("demo.tasks.record")
+    cron_at_scale.schedule("demo.tasks.flaky")
+    batch = Dispatcher(name="t", app=rabbit).claim()
+    publisher = Publisher(rabbit)
+    with pytest.raises(NotConfirmed, match=r"1 returned .*NO_ROUTE"):
+        publisher.publish(batch)
+    publisher.close()
+
+
+def test_a_message_to_an_exchange_that_does_not_exist_is_not_sent(rabbit, transactional_db):
+    cron_at_scale.schedule("demo.tasks.fail")
+    batch = Dispatcher(name="t", app=rabbit).claim()
+    publisher = Publisher(rabbit)
+    with pytest.raises(Exception, match="NOT_FOUND - no exchange 'cas_missing'"):
+        publisher.publish(batch)
+    publisher.close()
+
+
+def test_a_message_the_broker_nacks_is_not_sent_and_the_reaper_fires_it_again(rabbit, transactional_db):
+    d = Dispatcher(name="t", app=rabbit, shards="all")
+    d.sender.retry_for = 0.0  # no retries: the failed batch goes straight to the reaper
+    for i in range(2):
+        cron_at_scale.schedule("demo.tasks.record", args=[i], queue="cas_capped")
+    assert d.step() == 2
+    assert d.published_total == 2  # the capped queue (x-max-length 2, reject-publish) is full now
+    third = cron_at_scale.schedule("demo.tasks.record", args=[2], queue="cas_capped")
+    assert d.step() == 1
+    assert d.published_total == 2  # nacked: not counted as sent
+    assert JobAttempt.objects.get(job_id=third.id).outcome == "dispatched"  # still claimed, leased
+    assert Job.objects.get(id=third.id).status == "in_progress"
+
+    with rabbit.connection_for_write() as conn:  # a worker drains the queue; the third run's lease expires
+        conn.default_channel.queue_purge("cas_capped")
+    sql("UPDATE cron_at_scale_jobattempt SET locked_until = statement_timestamp() - interval '1 second' "
+        "WHERE job_id = %s", [third.id])
+    assert d.reap() == 1
+    assert d.step() == 1
+    d.close()
+    assert d.published_total == 3
+    message = get(rabbit, "cas_capped")
+    assert message is not None and message.headers["id"] == f"{third.id}:2"
+    assert get(rabbit, "cas_capped") is None
