@@ -49,7 +49,7 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import beat as celery_beat
 from celery import schedules
@@ -59,6 +59,9 @@ from django.db.models.functions import Now
 from .exceptions import ValidationError
 from .models import LIVE_STATUSES, Job, ScheduleType, Status
 from .scheduling import build_job, pause
+
+if TYPE_CHECKING:
+    from .dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -327,7 +330,7 @@ class Scheduler(celery_beat.Scheduler):
     """
 
     def __init__(self, app, *args, **kwargs):
-        self.dispatcher = None
+        self.dispatcher: Dispatcher | None = None  # made by setup_schedule()
         self.report: SyncReport | None = None
         self._backoff = 0.0
         super().__init__(app, *args, **kwargs)  # calls setup_schedule() unless lazy
@@ -350,6 +353,8 @@ class Scheduler(celery_beat.Scheduler):
         from . import db
 
         d = self.dispatcher
+        if d is None:
+            raise RuntimeError("tick() before setup_schedule(), or after close()")
         try:
             with _signals_held():
                 claimed = d.step()

@@ -110,8 +110,9 @@ class Publisher:
 
     def _connection(self):
         if self.conn is None:
-            self.conn = self.app.connection_for_write()
-            self.conn.ensure_connection(max_retries=3)
+            conn = self.app.connection_for_write()
+            conn.ensure_connection(max_retries=3)
+            self.conn = conn
         return self.conn
 
     def close(self) -> None:
