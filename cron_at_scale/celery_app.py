@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from celery import Celery, current_app
+from celery import Celery
+from celery.app import app_or_default
 from celery.utils.imports import symbol_by_name
 
 from . import conf
@@ -19,7 +20,7 @@ def _configured_app(path: str) -> Celery:
 def get_app() -> Celery:
     """The Celery app: ``CRON_AT_SCALE["CELERY_APP"]`` ("module:attr") or ``celery.current_app``."""
     path = conf.get("CELERY_APP")
-    return _configured_app(path) if path else current_app._get_current_object()
+    return _configured_app(path) if path else app_or_default()
 
 
 def is_registered(name: str) -> bool:

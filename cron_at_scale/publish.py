@@ -227,7 +227,14 @@ class Publisher:
             return None
         priority = (c.options or {}).get("priority")
         if priority:
-            return channel._q_for_pri(name, channel._get_message_priority({"properties": {"priority": priority}}))
+            # kombu's Redis transport keeps a list per priority step: "<queue><sep><step>" (step 0: the queue
+            # itself), the message's priority clamped to [min_priority, max_priority] first.
+            try:
+                pri = max(min(int(priority), channel.max_priority), channel.min_priority)
+            except (TypeError, ValueError):
+                pri = channel.default_priority
+            step = channel.priority(pri)
+            return f"{name}{channel.sep}{step}" if step else name
         return name
 
     def _route(self, channel, c: Claimed) -> str | None:
