@@ -15,7 +15,7 @@ test: $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
-	$(BIN)/python bench/fire.py $(ARGS)
+	$(BIN)/python bench/run.py $(ARGS)
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check cron_at_scale tests example_project bench devservices

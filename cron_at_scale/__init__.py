@@ -10,9 +10,16 @@ does not need Django's app registry to be ready.
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
 from .exceptions import RetryableError, ValidationError
+
+if TYPE_CHECKING:  # at run time they come from __getattr__, once Django's app registry is ready
+    from .models import Job
+    from .worker import JobTask, current_job
 
 __all__ = [
     "schedule",
@@ -30,49 +37,55 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def schedule(task: Any, **spec: Any):
+# The wrappers repeat the signatures of cron_at_scale.scheduling (tests/unit/test_public_api.py checks they agree).
+
+
+def schedule(task: Any, **spec: Any) -> Job:
     """Schedule one job; see :func:`cron_at_scale.scheduling.schedule`."""
     from .scheduling import schedule as _schedule
 
     return _schedule(task, **spec)
 
 
-def schedule_many(specs, **kw: Any):
-    """Schedule many jobs in bulk; see :func:`cron_at_scale.scheduling.schedule_many`."""
-    from .scheduling import schedule_many as _schedule_many
+def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 10_000) -> list[Job]:
+    """Schedule many jobs in bulk; see :func:`cron_at_scale.bulk.schedule_many`."""
+    from .bulk import schedule_many as _schedule_many
 
-    return _schedule_many(specs, **kw)
+    return _schedule_many(specs, batch_size=batch_size)
 
 
-def cancel(job_id) -> bool:
-    """Cancel a job unless finished; see :func:`cron_at_scale.scheduling.cancel`."""
-    from .scheduling import cancel as _cancel
+def cancel(job_id: uuid.UUID | str) -> bool:
+    """Cancel a job unless finished; see :func:`cron_at_scale.control.cancel`."""
+    from .control import cancel as _cancel
 
     return _cancel(job_id)
 
 
-def requeue(job_id=None, **filters: Any) -> int:
-    """Put failed jobs back to pending; see :func:`cron_at_scale.scheduling.requeue`."""
-    from .scheduling import requeue as _requeue
+def requeue(job_id: uuid.UUID | str | None = None, *, task: str | None = None, queue: str | None = None,
+            failed_after: datetime | None = None, failed_before: datetime | None = None,
+            all_failed: bool = False, batch_size: int = 1000) -> int:
+    """Put failed jobs back to pending; see :func:`cron_at_scale.control.requeue`."""
+    from .control import requeue as _requeue
 
-    return _requeue(job_id, **filters)
+    return _requeue(job_id, task=task, queue=queue, failed_after=failed_after, failed_before=failed_before,
+                    all_failed=all_failed, batch_size=batch_size)
 
 
-def pause(job_id, note: str = "") -> bool:
-    """Hold a recurring job; see :func:`cron_at_scale.scheduling.pause`."""
-    from .scheduling import pause as _pause
+def pause(job_id: uuid.UUID | str, note: str = "") -> bool:
+    """Hold a recurring job; see :func:`cron_at_scale.control.pause`."""
+    from .control import pause as _pause
 
     return _pause(job_id, note)
 
 
-def resume(job_id) -> bool:
-    """Resume a paused job; see :func:`cron_at_scale.scheduling.resume`."""
-    from .scheduling import resume as _resume
+def resume(job_id: uuid.UUID | str) -> bool:
+    """Resume a paused job; see :func:`cron_at_scale.control.resume`."""
+    from .control import resume as _resume
 
     return _resume(job_id)
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     if name in ("JobTask", "current_job"):
         from . import worker
 

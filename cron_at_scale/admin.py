@@ -39,8 +39,8 @@ from django.utils.html import format_html, format_html_join
 
 import cron_at_scale
 
-from . import status as statuslib
 from .models import Job, JobAttempt, ScheduleType, Status
+from .status import planner_estimate, table_estimate
 
 EXACT_COUNT_LIMIT = 10_000  # results counted exactly up to here (bounded: LIMIT); beyond, the planner's estimate
 MAX_PAGES = 200  # deepest page offered: OFFSET 20,000 rows at 100 per page stays fast
@@ -59,10 +59,10 @@ class EstimatedCountPaginator(Paginator):
             return exact
         with connection.cursor() as cur:
             if not qs.query.where:
-                estimate = statuslib.table_estimate(cur, qs.model._meta.db_table)
+                estimate = table_estimate(cur, qs.model._meta.db_table)
             else:
                 sql, params = qs.query.sql_with_params()
-                estimate = statuslib.planner_estimate(cur, sql, params)
+                estimate = planner_estimate(cur, sql, params)
         return max(exact, estimate)
 
     @cached_property

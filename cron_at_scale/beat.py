@@ -49,7 +49,7 @@ from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import beat as celery_beat
 from celery import schedules
@@ -59,6 +59,9 @@ from django.db.models.functions import Now
 from .exceptions import ValidationError
 from .models import LIVE_STATUSES, Job, ScheduleType, Status
 from .scheduling import build_job, pause
+
+if TYPE_CHECKING:
+    from .dispatcher import Dispatcher
 
 log = logging.getLogger(__name__)
 
@@ -145,14 +148,17 @@ def crontab_to_cron(ct: schedules.crontab) -> tuple[str, str]:
 
     # Minute and hour are written as */S only if written so (a field beginning with * makes a wildcard
     # job under the DST policy, see cron_at_scale.cron); day fields whenever they are steps (the AND rule).
-    minute = _field(ct.minute, 0, 59, steps=str(ct._orig_minute).startswith("*"))
-    hour = _field(ct.hour, 0, 23, steps=str(ct._orig_hour).startswith("*"))
+    # The fields as written, through the pickle protocol (crontab.__reduce__): minute, hour,
+    # day_of_week, day_of_month, month_of_year.
+    orig_minute, orig_hour, orig_dow, orig_dom = ct.__reduce__()[1][:4]  # a subclass may add more (its tz)
+    minute = _field(ct.minute, 0, 59, steps=str(orig_minute).startswith("*"))
+    hour = _field(ct.hour, 0, 23, steps=str(orig_hour).startswith("*"))
     dom, dow = _field(ct.day_of_month, 1, 31), _field(ct.day_of_week, 0, 6)
     expr = " ".join((minute, hour, dom, _field(ct.month_of_year, 1, 12), dow))
     if dom != "*" and dow != "*" and not (dom.startswith("*") or dow.startswith("*")):
         raise Unmappable(
-            f"Celery runs a crontab only on days matching both day_of_month ({ct._orig_day_of_month}) and "
-            f"day_of_week ({ct._orig_day_of_week}); cron ORs these fields, and {expr!r} would fire on more days. "
+            f"Celery runs a crontab only on days matching both day_of_month ({orig_dom}) and "
+            f"day_of_week ({orig_dow}); cron ORs these fields, and {expr!r} would fire on more days. "
             "Split it, or run the task daily and check the date in the task")
     parsed = cronlib.parse(expr)  # self-check: the same value sets as Celery's
     if (parsed.minutes, parsed.hours, parsed.days, parsed.months, parsed.weekdays) != tuple(
@@ -327,9 +333,8 @@ class Scheduler(celery_beat.Scheduler):
     """
 
     def __init__(self, app, *args, **kwargs):
-        self.dispatcher = None
+        self.dispatcher: Dispatcher | None = None  # made by setup_schedule()
         self.report: SyncReport | None = None
-        self._next_reap = 0.0
         self._backoff = 0.0
         super().__init__(app, *args, **kwargs)  # calls setup_schedule() unless lazy
 
@@ -351,6 +356,8 @@ class Scheduler(celery_beat.Scheduler):
         from . import db
 
         d = self.dispatcher
+        if d is None:
+            raise RuntimeError("tick() before setup_schedule(), or after close()")
         try:
             with _signals_held():
                 claimed = d.step()

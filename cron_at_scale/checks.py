@@ -19,6 +19,7 @@ from __future__ import annotations
 from django.core.checks import Error, Warning, register
 
 from . import conf
+from .celery_app import pickle_problems, refuse_pickle  # noqa: F401 (refuse_pickle: its old home)
 
 HINT_SETTINGS = "See the README's Settings table (cron_at_scale/conf.py has every default and unit)."
 
@@ -55,33 +56,9 @@ def check_database(app_configs=None, databases=None, **kwargs):
     return []
 
 
-def pickle_problems(app) -> list[str]:
-    """Celery settings of ``app`` that admit pickle (empty when none)."""
-    out = []
-    for name in ("task_serializer", "result_serializer", "event_serializer"):
-        if str(app.conf.get(name) or "").lower() == "pickle":
-            out.append(f"{name} is 'pickle'")
-    for name in ("accept_content", "result_accept_content"):
-        accepted = app.conf.get(name) or []
-        if any("pickle" in str(c).lower() for c in accepted):
-            out.append(f"{name} admits pickle ({list(accepted)})")
-    return out
-
-
-def refuse_pickle(app) -> None:
-    """Raise ``ImproperlyConfigured`` if ``app`` would accept pickled messages (workers and dispatchers
-    call this at start: scheduled messages are JSON only)."""
-    from django.core.exceptions import ImproperlyConfigured
-
-    found = pickle_problems(app)
-    if found:
-        raise ImproperlyConfigured("cron_at_scale refuses to run with pickle: " + "; ".join(found)
-                                   + ". Set CELERY_TASK_SERIALIZER = 'json' and CELERY_ACCEPT_CONTENT = ['json'].")
-
-
 @register()
 def check_celery(app_configs=None, **kwargs):
-    from .app import get_app
+    from .celery_app import get_app
     from .worker import JobTask
 
     if conf.problems():
@@ -142,7 +119,7 @@ _reading_tasks = False
 def check_retry_options(app_configs=None, **kwargs):
     """cron_at_scale.E005 / W005: each task's Celery retry options, as a scheduled run reads them."""
     from . import retry
-    from .app import get_app
+    from .celery_app import get_app
 
     global _reading_tasks
     if conf.problems() or _reading_tasks:

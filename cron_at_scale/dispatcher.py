@@ -1,4 +1,4 @@
-"""The dispatcher: claim due jobs from PostgreSQL, publish them, reap expired leases.
+"""The dispatcher: claim due jobs from PostgreSQL, publish them; its loop runs the reaper.
 
 Any number of dispatchers may run at once: the claim statement locks rows
 with ``FOR UPDATE SKIP LOCKED`` and changes their state in the same
@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-import os
 import signal
-import socket
 import threading
 import time
 from dataclasses import replace
@@ -20,11 +18,12 @@ from datetime import timedelta
 
 from django.db import InterfaceError, OperationalError, transaction
 
-from . import conf, db, dlq, failpoints, metrics, retention
-from .app import get_app
-from .checks import refuse_pickle
+from . import conf, db, failpoints, metrics, retention
+from .celery_app import get_app, refuse_pickle
+from .identity import process_name
 from .publish import Claimed, Publisher, Sender
 from .queues import QueueGate
+from .reaper import Reaper
 from .recurrence import Recurrence, plan
 from .shards import AllShards, ShardLeases
 from .wakeup import Wakeup
@@ -33,8 +32,7 @@ log = logging.getLogger(__name__)
 
 TIMER_SLICE = 0.005  # seconds between two publishes of held runs
 
-def default_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+default_name = process_name  # the old name
 
 
 class Dispatcher:
@@ -49,7 +47,7 @@ class Dispatcher:
                  poll_interval: float | None = None, lease: float | None = None, app=None,
                  shards: str = "auto", lookahead: float | None = None, hold_unconsumed: bool | None = None):
         conf.check()
-        self.name = name or default_name()
+        self.name = name or process_name()
         self.batch_size = int(batch_size or conf.get("BATCH_SIZE"))
         self.poll_interval = float(conf.get("POLL_INTERVAL") if poll_interval is None else poll_interval)
         self.lease = float(lease or conf.get("DISPATCH_LEASE"))
@@ -60,8 +58,6 @@ class Dispatcher:
             raise ImproperlyConfigured(conf.contradictions({**{k: conf.get(k) for k in conf.DEFAULTS},
                                                             "LOOKAHEAD": self.lookahead,
                                                             "DISPATCH_LEASE": self.lease})[0])
-        self.reaper_interval = float(conf.get("REAPER_INTERVAL"))
-        self.max_lost = int(conf.get("MAX_LOST_ATTEMPTS"))
         self.max_broker_depth = int(conf.get("MAX_BROKER_DEPTH"))
         self.app = app or get_app()
         refuse_pickle(self.app)
@@ -71,6 +67,8 @@ class Dispatcher:
             conf.get("HOLD_UNCONSUMED_QUEUES") if hold_unconsumed is None else hold_unconsumed))
         # publishes on its own thread; a failing batch is retried for half its dispatch lease
         self.sender = Sender(self.publisher, self._sent, retry_for=self.lease / 2)
+        # re-fired runs go out through this dispatcher's sender
+        self.reaper = Reaper(self._publish, self.app, lease=self.lease, batch_size=self.batch_size)
         ttl = float(conf.get("SHARD_LEASE"))
         self.shards = AllShards() if shards == "all" else ShardLeases(self.name, ttl)
         self.shard_refresh = ttl / 4
@@ -78,7 +76,6 @@ class Dispatcher:
         self.stopping = threading.Event()
         self.claimed_total = 0
         self.published_total = 0
-        self._next_reap = 0.0
         self._next_shards = 0.0
         self._timers: list[tuple[float, int, Claimed]] = []  # (monotonic due time, seq, run)
         self._seq = 0
@@ -136,7 +133,7 @@ class Dispatcher:
             early = self.lookahead if overlap == "allow" or not running else 0.0
             horizon = db_now + timedelta(seconds=early)
             p = plan(rec, occurrence_at, horizon, running=running, buffered=buffered_at)
-            attempt = base.attempts
+            attempt = base.attempt  # the counter before this claim
             for (occ, due_at), outcome in [*((s, "skipped") for s in p.skipped), *((f, "dispatched") for f in p.fire)]:
                 attempt += 1
                 logged["a_job_ids"].append(base.job_id)
@@ -145,7 +142,7 @@ class Dispatcher:
                 logged["a_outcomes"].append(outcome)
                 if outcome == "dispatched":
                     runs.append(replace(base, attempt=attempt, fire_at=due_at, occurrence=occ))
-            for key, value in zip(moved, (base.job_id, p.next_fire_at, p.next_occurrence, attempt - base.attempts,
+            for key, value in zip(moved, (base.job_id, p.next_fire_at, p.next_occurrence, attempt - base.attempt,
                                           p.missed, len(p.skipped), p.buffer)):
                 moved[key].append(value)
             if p.missed or p.skipped:
@@ -209,37 +206,27 @@ class Dispatcher:
         return False
 
     def reap(self) -> int:
-        """Handle attempts whose lease expired; return how many were reaped.
+        """One pass of the reaper now (see :class:`cron_at_scale.reaper.Reaper`); return how many
+        expired attempts were reaped."""
+        return self.reaper.reap()
 
-        One transaction marks them lost, puts their one-off jobs back to
-        pending (or fails them after ``MAX_LOST_ATTEMPTS``) and gives lost
-        cron runs a new attempt for the same occurrence; after the commit,
-        those runs are published and failed jobs announced on the DLQ.
-        """
-        refire: list[Claimed] = []
-        with transaction.atomic():
-            lost = db.run("reap", {"limit": self.batch_size}, retries=0)
-            if not lost:
-                return 0
-            metrics.observe_reaped(len(lost))
-            failed = db.run("reap_once", {"job_ids": [r[0] for r in lost], "attempts": [r[1] for r in lost],
-                                          "started": [r[3] for r in lost], "max_lost": self.max_lost}, retries=0)
-            once = {r[0] for r in failed}
-            for job_id, _attempt, scheduled_at, started in lost:
-                if job_id in once:
-                    continue
-                rows = db.run("refire_cron", {"job_id": job_id, "scheduled_at": scheduled_at, "started": started,
-                                              "max_lost": self.max_lost, "lease": self.lease}, retries=0)
-                refire += [Claimed.from_row(r) for r in rows]
-        log.warning("reaped %d expired leases (%d cron runs fired again): %s", len(lost), len(refire),
-                    ", ".join(f"{r[0]}:{r[1]}" for r in lost[:10]))
-        if refire:
-            self._publish(refire)
-        for job_id, status, attempt, task in failed:
-            if status == "failed":
-                dlq.announce(self.app, job_id, attempt, task, f"lost {self.max_lost} attempts (lease expired each time)")
-                metrics.observe_dead_lettered()
-        return len(lost)
+    @property
+    def max_lost(self) -> int:
+        """Lost attempts after which a one-off job fails (the reaper's)."""
+        return self.reaper.max_lost
+
+    @max_lost.setter
+    def max_lost(self, value: int) -> None:
+        self.reaper.max_lost = value
+
+    @property
+    def reaper_interval(self) -> float:
+        """Seconds between two passes of the reaper."""
+        return self.reaper.interval
+
+    @reaper_interval.setter
+    def reaper_interval(self, value: float) -> None:
+        self.reaper.interval = value
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -254,9 +241,7 @@ class Dispatcher:
         if now >= self._next_shards:
             self._next_shards = now + self.shard_refresh
             self.shards.refresh()
-        if now >= self._next_reap:
-            self._next_reap = now + self.reaper_interval
-            self.reap()
+        self.reaper.maybe_reap(now)
         self.fire_timers(wait=wait)
         n = 0 if not claim or self.broker_full() else self.tick(wait=wait)
         self.fire_timers(wait=wait)

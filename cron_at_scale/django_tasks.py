@@ -44,7 +44,7 @@ def celery_priority(priority: int, lower_first: bool) -> int:
 
 
 def _broker_serves_low_first() -> bool:
-    from .app import get_app
+    from .celery_app import get_app
 
     with get_app().connection_for_write() as conn:
         return conn.transport.driver_type == "redis"

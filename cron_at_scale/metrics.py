@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -252,15 +251,3 @@ def serve(port: int, addr: str = "0.0.0.0"):
     _server, _thread = start_http_server(port, addr=addr, registry=_ClosingRegistry(registry_for_scrape()))
     log.info("metrics on http://%s:%d/metrics", addr, port)
     return _server
-
-
-class Timer:
-    """``with metrics.Timer() as t: ...`` then ``t.seconds``: a monotonic stopwatch for the hooks."""
-
-    def __enter__(self):
-        self.start = time.monotonic()
-        return self
-
-    def __exit__(self, *exc):
-        self.seconds = time.monotonic() - self.start
-        return False

@@ -74,10 +74,6 @@ class Claimed:
     options: dict
     occurrence: datetime | None = None  # a recurring run's nominal occurrence (fire_at minus jitter)
 
-    @property
-    def attempts(self) -> int:
-        return self.attempt
-
     @classmethod
     def from_row(cls, row) -> Claimed:
         """A run from a row of ``claim`` or ``refire_cron`` (columns by name)."""
@@ -114,8 +110,9 @@ class Publisher:
 
     def _connection(self):
         if self.conn is None:
-            self.conn = self.app.connection_for_write()
-            self.conn.ensure_connection(max_retries=3)
+            conn = self.app.connection_for_write()
+            conn.ensure_connection(max_retries=3)
+            self.conn = conn
         return self.conn
 
     def close(self) -> None:
@@ -216,7 +213,14 @@ class Publisher:
             return None
         priority = (c.options or {}).get("priority")
         if priority:
-            return channel._q_for_pri(name, channel._get_message_priority({"properties": {"priority": priority}}))
+            # kombu's Redis transport keeps a list per priority step: "<queue><sep><step>" (step 0: the queue
+            # itself), the message's priority clamped to [min_priority, max_priority] first.
+            try:
+                pri = max(min(int(priority), channel.max_priority), channel.min_priority)
+            except (TypeError, ValueError):
+                pri = channel.default_priority
+            step = channel.priority(pri)
+            return f"{name}{channel.sep}{step}" if step else name
         return name
 
     def _route(self, channel, c: Claimed) -> str | None:

@@ -187,7 +187,7 @@ class AmqpPublisher:
         self.app = app
         self.origin = origin
         self.confirm_timeout = confirm_timeout
-        self.channel = None
+        self.channel: Any = None  # a py-amqp channel (untyped), opened by the first publish()
         self.confirms: Confirms | None = None
         self._routes: dict[tuple[str, str], Route | None] = {}
         self._declared: set[str] = set()

@@ -483,3 +483,11 @@ DELETE FROM cron_at_scale_job WHERE id IN (
       AND NOT EXISTS (SELECT 1 FROM cron_at_scale_jobattempt AS a WHERE a.job_id = j.id)
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: copy_jobs
+-- schedule_many's fast path (cron_at_scale/bulk.py): rows streamed in COPY's text format, in
+-- this column order; the other columns take their database defaults.
+COPY cron_at_scale_job (id, fire_at, payload, task, queue, options, timezone, max_retries,
+                        schedule_type, cron_expr, interval, occurrence_at, catchup, catchup_window, overlap, jitter,
+                        status)
+FROM STDIN;

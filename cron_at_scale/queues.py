@@ -272,7 +272,7 @@ def survey(app: Celery | None = None, extra: set[str] | None = None) -> list[Que
     the configured ``task_queues``, the routes of the app's tasks, the queues named by jobs (at most
     50, from the index on ``queue``), those live workers consume and ``extra``. Empty on error."""
     from . import conf, db
-    from .app import get_app
+    from .celery_app import get_app
 
     app = app or get_app()
     gate = QueueGate(app, int(conf.get("MAX_BROKER_DEPTH")), bool(conf.get("HOLD_UNCONSUMED_QUEUES")))

@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 DEFAULT_BATCH_SIZE = 1000  # rows per delete: a few ms of locks, small WAL bursts
 RETENTION_INTERVAL = 60.0  # seconds between the dispatcher's purges: retention is by days, not seconds
 RETENTION_BUDGET = 0.5  # seconds of purging per dispatcher call, so the claim loop is never held up long
-FINISHED = ("completed", "cancelled")
 
 _EPOCH = datetime.fromisoformat("0001-01-01T00:00:00+00:00")
 _NIL = "00000000-0000-0000-0000-000000000000"

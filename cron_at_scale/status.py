@@ -38,7 +38,6 @@ _RECENT_LAGS = """
 DEFAULT_WINDOW = 300.0  # seconds of attempts the lag figures cover
 DISPATCHER_SEEN = 60.0  # seconds: a dispatcher that claimed or polled within this is alive
 WORKERS_SHOWN = 3600.0  # seconds: workers last seen longer ago are not listed
-BUCKETS = ("overdue", "next_minute", "next_hour", "next_day", "later")
 
 # (bucket, lower bound, upper bound) as SQL intervals from now; the partial index on fire_at serves each.
 _BUCKET_RANGES = (
@@ -50,8 +49,8 @@ _BUCKET_RANGES = (
 
 
 @dataclass
-class Status:
-    """A snapshot of the scheduler, as the dashboard and ``cron_status --json`` show it."""
+class StatusReport:
+    """A snapshot of the scheduler, as the dashboard and ``cron_status --json`` show it (``snapshot()``)."""
 
     db_now: str
     pending: dict[str, int]
@@ -84,6 +83,9 @@ class Status:
 
     def to_json(self, **extra: Any) -> str:
         return json.dumps({**self.as_dict(), **extra}, sort_keys=True)
+
+
+Status = StatusReport  # the old name (models.Status is the job's state)
 
 
 def _one(cur, query: str, params=()):
@@ -253,7 +255,7 @@ def workers(cur) -> list[dict[str, Any]]:
     return out
 
 
-def snapshot(window: float = DEFAULT_WINDOW) -> Status:
+def snapshot(window: float = DEFAULT_WINDOW) -> StatusReport:
     """Collect every figure (a dozen bounded statements, a few ms on an idle database)."""
     capped: list[str] = []
     with connection.cursor() as cur:
@@ -304,7 +306,7 @@ def snapshot(window: float = DEFAULT_WINDOW) -> Status:
     from .queues import survey
 
     queue_rows = [q.as_dict() for q in survey()]
-    return Status(
+    return StatusReport(
         db_now=db_now.isoformat(), pending=pending, oldest_overdue_seconds=round(overdue, 3),
         lag_seconds=lag, lag_window_seconds=window, lag_sample=sample, in_progress=in_progress,
         expired_leases=expired, dlq=dlq, paused=paused, missed_occurrences=int(missed),

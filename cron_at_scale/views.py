@@ -13,7 +13,7 @@ from typing import Any
 from django.http import HttpResponse
 from django.views.decorators.http import require_GET
 
-from . import status as statuslib
+from .status import DEFAULT_WINDOW, recent_lags, snapshot
 
 LAG_BARS = (0.01, 0.1, 0.5, 1, 5, 30, 60)  # seconds: the dashboard's lag histogram edges
 CHART_WIDTH = 420  # px of the longest bar
@@ -49,10 +49,10 @@ def lag_histogram(lags: list[float]) -> list[tuple[str, int]]:
     return list(zip(labels, counts, strict=True))
 
 
-def dashboard_context(window: float = statuslib.DEFAULT_WINDOW) -> dict[str, Any]:
+def dashboard_context(window: float = DEFAULT_WINDOW) -> dict[str, Any]:
     """What the dashboard template shows: the status snapshot and two bar charts."""
-    snap = statuslib.snapshot(window)
-    lags = statuslib.recent_lags(window)
+    snap = snapshot(window)
+    lags = recent_lags(window)
     bucket_labels = {"overdue": "overdue", "next_minute": "next minute", "next_hour": "next hour",
                      "next_day": "next day", "later": "later"}
     pending = _bars([(bucket_labels[k], v) for k, v in snap.pending.items()])

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 from typing import Any
 
 from celery import Task
@@ -26,6 +25,7 @@ from django.db import connections
 
 from . import conf, retry, worker_health  # noqa: F401 (worker_health: its signal handlers)
 from .completer import COMPLETION_DELAY, BatchCompleter, InlineCompleter
+from .identity import process_name
 from .middleware import JobContext, Middleware, Run, SkipJob, current_job
 from .middleware.cancellation import Cancellation
 from .middleware.completion import Completion
@@ -54,8 +54,7 @@ def job_header(request) -> dict | None:
     return meta if isinstance(meta, dict) else None
 
 
-def worker_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+worker_name = process_name  # the old name
 
 
 class AttemptWriter(BatchCompleter):
@@ -114,7 +113,7 @@ def _flush_at_shutdown(**kwargs) -> None:
 @worker_init.connect
 def _refuse_pickle(sender=None, **kwargs):
     """A worker of an app set up with JobTask refuses to start if it would accept pickle."""
-    from .checks import refuse_pickle
+    from .celery_app import refuse_pickle
 
     app = getattr(sender, "app", None)
     if app is not None and isinstance(app.Task, type) and issubclass(app.Task, JobTask):

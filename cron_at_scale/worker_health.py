@@ -40,6 +40,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 from celery.signals import task_postrun, task_prerun, task_received, worker_init, worker_ready, worker_shutdown
 
@@ -80,8 +81,9 @@ class Watchdog:
         self.pid = os.getpid()
         self.queues: list[str] = []
         self.concurrency = 1
-        self.consumer = None
-        self.worker = None
+        # Celery's Consumer and WorkController, set when the worker is ready (Celery is untyped here)
+        self.consumer: Any = None
+        self.worker: Any = None
         self.running = None  # multiprocessing.Value shared with the pool processes
         self.started = time.monotonic()
         self.received = 0

@@ -12,7 +12,7 @@ import pytest
 
 @pytest.fixture
 def celery_app():
-    from cron_at_scale.app import get_app
+    from cron_at_scale.celery_app import get_app
 
     return get_app()
 

@@ -24,3 +24,22 @@ def sql(query: str, params=()):
     with connection.cursor() as cur:
         cur.execute(query, params)
         return cur.fetchall() if cur.description else cur.rowcount
+
+
+def drain_dlq(app, timeout: float = 0.5) -> list:
+    """The dead-letter messages waiting now (JSON bodies), consumed."""
+    from cron_at_scale import conf
+
+    bodies = []
+    with app.connection_for_read() as conn:
+        queue = conn.SimpleQueue(conf.get("DLQ_QUEUE"), serializer="json")
+        try:
+            while True:
+                msg = queue.get(timeout=timeout)
+                bodies.append(msg.payload)
+                msg.ack()
+        except queue.Empty:
+            pass
+        finally:
+            queue.close()
+    return bodies

@@ -56,12 +56,14 @@ class Processes:
         self.procs: list[subprocess.Popen] = []
 
     def _spawn(self, args: list[str], name: str) -> subprocess.Popen:
-        out = subprocess.DEVNULL
-        if self.log_dir is not None:
+        if self.log_dir is None:
+            proc = subprocess.Popen(args, cwd=PROJECT_DIR, env=self.env, stdout=subprocess.DEVNULL,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        else:
             self.log_dir.mkdir(parents=True, exist_ok=True)
-            out = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (closed with the process)
-        proc = subprocess.Popen(args, cwd=PROJECT_DIR, env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+            with open(self.log_dir / f"{name}.log", "ab") as out:  # the child has its own copy of the descriptor
+                proc = subprocess.Popen(args, cwd=PROJECT_DIR, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
         proc.name = name  # type: ignore[attr-defined]
         self.procs.append(proc)
         return proc

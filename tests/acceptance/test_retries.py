@@ -8,30 +8,12 @@ import uuid
 import pytest
 from demo.models import Execution
 from demo.runner import wait_for_workers
-from helpers import wait_until
+from helpers import drain_dlq, wait_until
 
 import cron_at_scale
 from cron_at_scale.models import Job, JobAttempt
 
 pytestmark = pytest.mark.acceptance
-
-
-def drain_dlq(app, timeout=0.5):
-    from cron_at_scale import conf
-
-    bodies = []
-    with app.connection_for_read() as conn:
-        queue = conn.SimpleQueue(conf.get("DLQ_QUEUE"), serializer="json")
-        try:
-            while True:
-                msg = queue.get(timeout=timeout)
-                bodies.append(msg.payload)
-                msg.ack()
-        except queue.Empty:
-            pass
-        finally:
-            queue.close()
-    return bodies
 
 
 def outcomes(job):

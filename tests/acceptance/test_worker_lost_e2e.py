@@ -12,7 +12,7 @@ import time
 import pytest
 from demo.models import Execution
 from demo.runner import wait_for_workers
-from helpers import wait_until
+from helpers import drain_dlq, wait_until
 
 import cron_at_scale
 from cron_at_scale.models import Job, JobAttempt
@@ -21,25 +21,6 @@ pytestmark = pytest.mark.acceptance
 
 KILLED = "billiard.exceptions.WorkerLostError: worker process exited by signal 9 (SIGKILL)"
 TIMED_OUT = "billiard.exceptions.TimeLimitExceeded: hard time limit (2s) exceeded"
-
-
-def drain_dlq(app, timeout=0.5):
-    """The dead-letter messages waiting now (JSON bodies), consumed."""
-    from cron_at_scale import conf
-
-    bodies = []
-    with app.connection_for_read() as conn:
-        queue = conn.SimpleQueue(conf.get("DLQ_QUEUE"), serializer="json")
-        try:
-            while True:
-                msg = queue.get(timeout=timeout)
-                bodies.append(msg.payload)
-                msg.ack()
-        except queue.Empty:
-            pass
-        finally:
-            queue.close()
-    return bodies
 
 
 def attempts(job):

@@ -1,4 +1,4 @@
-"""Scheduled runs are ordinary Celery tasks: signals fire, task ids name the attempt (issue 7)."""
+"""Scheduled runs are ordinary Celery tasks, so Celery's monitoring keeps working: signals fire, task ids name the attempt."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from celery.signals import task_failure, task_postrun, task_prerun, task_success
 
 import cron_at_scale
-from cron_at_scale.app import get_app
+from cron_at_scale.celery_app import get_app
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.publish import HEADER, header
 

@@ -1,4 +1,4 @@
-"""System checks and refusals at start (issue 7)."""
+"""System checks and refusals at start: a setting that would break a promise is named before anything runs."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from celery import Celery
 from django.core.checks import run_checks
 from django.core.exceptions import ImproperlyConfigured
 
-from cron_at_scale.app import get_app
+from cron_at_scale.celery_app import get_app
 
 plain_app = Celery("plain", set_as_current=False)  # a Celery app without cron_at_scale's task class
 
@@ -40,7 +40,7 @@ def test_a_server_that_may_lose_an_attempts_start_is_a_warning():
 
 def test_an_app_without_jobtask_is_an_error(settings):
     settings.CRON_AT_SCALE = {"CELERY_APP": "test_checks:plain_app"}
-    from cron_at_scale.app import _configured_app
+    from cron_at_scale.celery_app import _configured_app
 
     _configured_app.cache_clear()
     try:
@@ -51,7 +51,7 @@ def test_an_app_without_jobtask_is_an_error(settings):
 
 @pytest.mark.parametrize(("key", "value"), [("accept_content", ["json", "pickle"]), ("task_serializer", "pickle")])
 def test_pickle_is_an_error_and_refused_at_start(key, value):
-    from cron_at_scale.checks import refuse_pickle
+    from cron_at_scale.celery_app import refuse_pickle
     from cron_at_scale.dispatcher import Dispatcher
 
     app = get_app()
@@ -67,8 +67,9 @@ def test_pickle_is_an_error_and_refused_at_start(key, value):
         app.conf[key] = old
 
 
-def test_settings_that_break_promises_are_warnings(settings):
-    settings.DATABASES = {**settings.DATABASES, "default": {**settings.DATABASES["default"], "CONN_MAX_AGE": 0}}
+def test_settings_that_break_promises_are_warnings(settings, monkeypatch):
+    # The one key, in place: assigning DATABASES would make Django warn that connections keep the old one.
+    monkeypatch.setitem(settings.DATABASES["default"], "CONN_MAX_AGE", 0)
     settings.CELERY_DB_REUSE_MAX = None
     settings.CRON_AT_SCALE = {"RUN_LEASE": 30, "HEARTBEAT_INTERVAL": 20}
     found = ids()

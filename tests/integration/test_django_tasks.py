@@ -11,7 +11,7 @@ try:
 except ImportError:
     pytest.importorskip("django_tasks", reason="Django < 6 without the django-tasks backport")
 
-from cron_at_scale.app import get_app
+from cron_at_scale.celery_app import get_app
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job
 from cron_at_scale.publish import HEADER, header

@@ -1,6 +1,7 @@
-"""Hostile input (issue 7): SQL injection and format-string attempts through every string the API and
-the management commands take, only registered tasks schedulable, and the cron_* commands given
-malformed arguments: a clear message and a non-zero exit, never a Python traceback.
+"""Hostile input, since the API and commands take strings from users: SQL injection and format-string
+attempts through every string the API and the management commands take, only registered tasks
+schedulable, and the cron_* commands given malformed arguments: a clear message and a non-zero exit,
+never a Python traceback.
 
 The bugs this file found (deep JSON in --args, lone surrogates, offsets and years PostgreSQL or
 Python refuse, infinite or huge dispatcher numbers) are fixed; their cases stay in the tables.
@@ -25,7 +26,7 @@ from hypothesis import strategies as st
 
 import cron_at_scale
 from cron_at_scale import ValidationError
-from cron_at_scale.app import get_app
+from cron_at_scale.celery_app import get_app
 from cron_at_scale.models import Job
 
 HOSTILE = [

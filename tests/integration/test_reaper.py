@@ -244,3 +244,22 @@ def test_worker_statements_are_prepared_again_when_the_session_lost_them():
     assert db.run("finish_attempt", {"job_id": str(job.id), "attempt": 1, "outcome": "succeeded",
                                      "status": "completed", "error": "", "traceback": ""}, fetch="count") == 1
     assert Job.objects.get(id=job.id).status == "completed"
+
+
+def test_the_reaper_runs_on_its_own_interval_and_publishes_through_its_caller(dispatcher):
+    """The reaper as a service of its own: a pass only once ``interval`` seconds have passed, and a lost
+    cron run's new attempt goes out through the ``publish`` it was given."""
+    from cron_at_scale.reaper import Reaper
+
+    job = cron_at_scale.schedule(noop, cron="* * * * * *", overlap="allow")
+    sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - interval '1 second', occurrence_at = "
+        "statement_timestamp() - interval '1 second'")
+    dispatcher.claim()  # attempt 1
+    sent = []
+    reaper = Reaper(sent.extend, dispatcher.app, lease=30, batch_size=10, interval=60)
+    assert reaper.maybe_reap(now=1000.0) == 0  # the first pass: nothing expired yet
+    expire_leases()
+    assert reaper.maybe_reap(now=1059.0) == 0  # not due: the lease stays expired
+    assert reaper.maybe_reap(now=1060.0) == 1
+    assert [(c.job_id, c.attempt) for c in sent] == [(job.id, 2)]
+    assert dispatcher.published == []  # the dispatcher's own publisher was not used

@@ -7,7 +7,7 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from cron_at_scale import status as statuslib
+from cron_at_scale.status import COUNT_CAP, DEFAULT_WINDOW, StatusReport, snapshot
 
 from ._cliutil import seconds
 
@@ -20,20 +20,20 @@ class Command(BaseCommand):
         "queue, live dispatchers and Celery workers (alive, last consumed, stuck). 'behind' is true when a due job has waited longer than --behind-after "
         "seconds (dispatchers down or too slow). --json prints one JSON object (for scripts and monitoring); "
         "--fail-if-behind exits 2 when behind (for a cron or health check). Every query is bounded: counts "
-        f"stop at {statuslib.COUNT_CAP:,} (listed in 'capped')."
+        f"stop at {COUNT_CAP:,} (listed in 'capped')."
     )
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="print one JSON object")
         parser.add_argument("--behind-after", type=seconds, default=BEHIND_AFTER,
                             help=f"seconds a due job may wait before 'behind' (default {BEHIND_AFTER:g})")
-        parser.add_argument("--window", type=seconds, default=statuslib.DEFAULT_WINDOW,
-                            help=f"seconds of recent runs the lag covers (default {statuslib.DEFAULT_WINDOW:g})")
+        parser.add_argument("--window", type=seconds, default=DEFAULT_WINDOW,
+                            help=f"seconds of recent runs the lag covers (default {DEFAULT_WINDOW:g})")
         parser.add_argument("--fail-if-behind", action="store_true", help="exit with status 2 when behind")
 
     def handle(self, *args, **opts):
         try:
-            snap = statuslib.snapshot(opts["window"] or statuslib.DEFAULT_WINDOW)
+            snap = snapshot(opts["window"] or DEFAULT_WINDOW)
         except DatabaseError as e:
             raise CommandError(f"cannot read the jobs table (is the database up and migrated?): {e}") from None
         behind = snap.behind(opts["behind_after"])
@@ -44,7 +44,7 @@ class Command(BaseCommand):
         if behind and opts["fail_if_behind"]:
             sys.exit(2)
 
-    def _human(self, s: statuslib.Status, behind: bool, after: float) -> None:
+    def _human(self, s: StatusReport, behind: bool, after: float) -> None:
         out = self.stdout.write
 
         def n(name: str, value: int) -> str:

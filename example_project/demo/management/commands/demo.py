@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
 import cron_at_scale
-from cron_at_scale.app import get_app
+from cron_at_scale.celery_app import get_app
 from cron_at_scale.cron import next_fire_times
 from demo.runner import Processes, child_env, database_url, wait_for_workers
 

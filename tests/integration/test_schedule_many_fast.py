@@ -16,7 +16,7 @@ from demo.tasks import noop
 from django.db import transaction
 
 import cron_at_scale
-from cron_at_scale import ValidationError, scheduling
+from cron_at_scale import ValidationError, bulk, scheduling
 from cron_at_scale.models import Job
 
 pytestmark = pytest.mark.django_db
@@ -59,7 +59,8 @@ def _columns(job_id):
 
 @pytest.fixture
 def fixed_now(monkeypatch):
-    monkeypatch.setattr(scheduling, "db_now", lambda: NOW)
+    monkeypatch.setattr(scheduling, "db_now", lambda: NOW)  # schedule()
+    monkeypatch.setattr(bulk, "db_now", lambda: NOW)  # schedule_many()
 
 
 def test_each_spec_stores_what_schedule_stores(fixed_now):
@@ -71,7 +72,7 @@ def test_each_spec_stores_what_schedule_stores(fixed_now):
 
 
 def test_the_fast_path_takes_the_common_specs():
-    fast = scheduling._FastRows(NOW, set())
+    fast = bulk._FastRows(NOW, set())
     taken = [spec for spec in GOOD if fast.row(spec) is not None]
     assert len(taken) == len(GOOD) - 5  # all but the four recurring ones and the explicit key=None
     assert fast.row(MappingProxyType({"task": T})) is None  # not a dict: build_job's business

@@ -1,0 +1,89 @@
+"""The reaper: attempts whose lease expired go back to work, or to the dead-letter queue.
+
+A worker that dies, or a broker that loses a message, leaves an attempt whose
+``locked_until`` passes without a finish (the database is the source of
+truth: the broker may lose anything). Each pass of the reaper, in one
+transaction, marks up to ``batch_size`` such attempts lost, puts their one-off
+jobs back to ``pending`` (or fails them after ``max_lost`` lost attempts), and
+gives each lost cron run a new attempt for the same occurrence. After the
+commit the re-fired runs are published and failed jobs announced on the DLQ.
+
+A small service with its own interval and batch size that the dispatcher's
+loop calls (``maybe_reap``), as River's job rescuer is beside its client.
+Every dispatcher reaps; two reaping at once never take the same attempt (the
+``reap`` statement locks rows with ``SKIP LOCKED``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from django.db import transaction
+
+from . import conf, db, dlq, metrics
+from .publish import Claimed
+
+log = logging.getLogger(__name__)
+
+
+class Reaper:
+    """Handles expired leases for a dispatcher.
+
+    ``publish(runs)``: sends the re-fired cron runs (the dispatcher's sender)
+    and returns once they are out; ``app``: the Celery app whose DLQ hears of
+    failed jobs; ``lease``: seconds of dispatch lease of a re-fired run;
+    ``batch_size``: expired attempts handled per pass; ``interval``: seconds
+    between passes (default ``REAPER_INTERVAL``); ``max_lost``: lost attempts
+    after which a one-off job fails (default ``MAX_LOST_ATTEMPTS``).
+    """
+
+    def __init__(self, publish: Callable[[list[Claimed]], None], app, *, lease: float, batch_size: int,
+                 interval: float | None = None, max_lost: int | None = None) -> None:
+        self.publish = publish
+        self.app = app
+        self.lease = lease
+        self.batch_size = batch_size
+        self.interval = float(conf.get("REAPER_INTERVAL") if interval is None else interval)
+        self.max_lost = int(conf.get("MAX_LOST_ATTEMPTS") if max_lost is None else max_lost)
+        self._next = 0.0  # monotonic time of the next pass: the first call reaps
+
+    def maybe_reap(self, now: float | None = None) -> int:
+        """Reap if ``interval`` seconds have passed since the last pass (``now``: monotonic time);
+        return how many attempts were reaped (0 when not due)."""
+        now = time.monotonic() if now is None else now
+        if now < self._next:
+            return 0
+        self._next = now + self.interval
+        return self.reap()
+
+    def reap(self) -> int:
+        """One pass: handle up to ``batch_size`` expired attempts; return how many were reaped.
+
+        Raises Django's database errors (the dispatcher's loop retries after a pause).
+        """
+        refire: list[Claimed] = []
+        with transaction.atomic():
+            lost = db.run("reap", {"limit": self.batch_size}, retries=0)
+            if not lost:
+                return 0
+            metrics.observe_reaped(len(lost))
+            failed = db.run("reap_once", {"job_ids": [r[0] for r in lost], "attempts": [r[1] for r in lost],
+                                          "started": [r[3] for r in lost], "max_lost": self.max_lost}, retries=0)
+            once = {r[0] for r in failed}
+            for job_id, _attempt, scheduled_at, started in lost:
+                if job_id in once:
+                    continue
+                rows = db.run("refire_cron", {"job_id": job_id, "scheduled_at": scheduled_at, "started": started,
+                                              "max_lost": self.max_lost, "lease": self.lease}, retries=0)
+                refire += [Claimed.from_row(r) for r in rows]
+        log.warning("reaped %d expired leases (%d cron runs fired again): %s", len(lost), len(refire),
+                    ", ".join(f"{r[0]}:{r[1]}" for r in lost[:10]))
+        if refire:
+            self.publish(refire)
+        for job_id, status, attempt, task in failed:
+            if status == "failed":
+                dlq.announce(self.app, job_id, attempt, task, f"lost {self.max_lost} attempts (lease expired each time)")
+                metrics.observe_dead_lettered()
+        return len(lost)
