@@ -16,6 +16,7 @@ import time
 import weakref
 from collections import namedtuple
 from dataclasses import dataclass, field
+from typing import Any
 
 from django.db import (
     DEFAULT_DB_ALIAS,
@@ -127,7 +128,7 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
                     _execute_prepared(cur, conn, name, params or {}, bare)
                 else:
                     cur.execute(QUERIES[name] if bare else _SETTINGS[name] + QUERIES[name], params or {})
-                return _fetch(cur, fetch)
+                return _fetch(cur, fetch, name)
         except (OperationalError, InterfaceError):
             if attempt == retries:
                 raise
@@ -137,10 +138,17 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
     return None
 
 
-def _fetch(cur, fetch: str):
+_row_types: dict[str, Any] = {}  # statement name -> its row type: a statement's columns never change
+
+
+def _fetch(cur, fetch: str, name: str = ""):
     if fetch == "count":
         return cur.rowcount
-    row_type = _row_type(tuple(c.name for c in cur.description))
+    row_type = _row_types.get(name)
+    if row_type is None:
+        row_type = _row_type(tuple(c.name for c in cur.description))
+        if name:
+            _row_types[name] = row_type
     if fetch == "all":
         return [row_type._make(r) for r in cur.fetchall()]
     row = cur.fetchone()

@@ -106,7 +106,7 @@ class Probe:
         self.app = app
         self.max_depth = max_depth
         self.hold_unconsumed = hold_unconsumed
-        self.conn = None
+        self.conn: Any = None  # kombu connection, made on first use
         self.channel = None
 
     def close(self) -> None:
@@ -118,12 +118,14 @@ class Probe:
         self.conn = self.channel = None
 
     def _channel(self):
-        if self.conn is None:
-            self.conn = self.app.connection_for_read()
-            self.conn.ensure_connection(max_retries=1)
+        conn = self.conn
+        if conn is None:
+            conn = self.app.connection_for_read()
+            conn.ensure_connection(max_retries=1)
+            self.conn = conn
         if self.channel is None or not getattr(self.channel, "is_open", True):
-            self.channel = self.conn.channel()
-        return self.channel
+            self.channel = conn.channel()
+        return conn, self.channel
 
     def look(self, names: list[str]) -> dict[str, QueueState]:
         """The state of each queue in ``names`` (``unknown`` for all if the broker does not answer,
@@ -132,14 +134,15 @@ class Probe:
         if not names:
             return out
         try:
-            self._channel()
-            driver = self.conn.transport.driver_type
+            conn, _ = self._channel()
+            driver = conn.transport.driver_type
             if driver not in ("redis", "amqp"):
                 return out
             workers = live_worker_queues() if driver == "redis" else None
             for name in names:
-                depth, consumers = self._declare(name)
-                if driver == "redis":
+                depth, declared = self._declare(name)
+                consumers: int | None = declared
+                if driver == "redis":  # a Redis list has no consumers of its own: the workers' health rows say
                     consumers = None if workers is None else int(name in workers)
                 out[name] = self._verdict(name, depth, consumers)
         except Exception:  # a broker blip: no verdict, nothing held on it
@@ -151,7 +154,7 @@ class Probe:
         from kombu.exceptions import ChannelError as KombuChannelError
 
         try:
-            ok = self._channel().queue_declare(queue=name, passive=True)
+            ok = self._channel()[1].queue_declare(queue=name, passive=True)
         except Exception as e:  # "not found": an empty queue nobody declared (its channel closes on RabbitMQ)
             from amqp.exceptions import NotFound
 
@@ -241,7 +244,7 @@ class QueueGate:
         new = {(r.task, r.queue) for r in rows if (r.task, r.queue) not in self.routes}
         if not new:
             return False
-        targets = {self.destination(task, queue) for task, queue in new} - {None}
+        targets = {name for task, queue in new if (name := self.destination(task, queue)) is not None}
         self._check(sorted(n for n in targets if n not in self.states), time.monotonic())
         return any(self.held(name) for name in targets)
 

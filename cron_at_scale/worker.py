@@ -148,25 +148,38 @@ class JobTask(Task):
         return _run_scheduled(self, meta, args, kwargs)
 
 
+def _hooked(hook: str) -> list[Middleware]:
+    """The middleware of MIDDLEWARE that override ``hook`` (the others' would do nothing), in order."""
+    return [m for m in MIDDLEWARE if getattr(type(m), hook) is not getattr(Middleware, hook)]
+
+
+# Per hook, computed once: a task pays for the hooks that do something, not for empty calls.
+_FAILURE, _SUCCESS = _hooked("after_failure"), _hooked("after_success")
+_ENTER = [(m, m in _hooked("before_run"), m in _hooked("after_run")) for m in MIDDLEWARE]
+_ENTER = [(m, before, after) for m, before, after in _ENTER if before or after]
+
+
 def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
     run = Run(task, meta, worker_name())
     entered: list[Middleware] = []
     try:
-        for m in MIDDLEWARE:
-            m.before_run(run)
-            entered.append(m)
+        for m, before, after in _ENTER:
+            if before:
+                m.before_run(run)
+            if after:
+                entered.append(m)
         # Celery's autoretry_for wrapper would retry with an ETA message; the
         # middleware handles those exceptions itself (a database state).
         fn = getattr(task, "_orig_run", None) or task.run
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 (every task error is recorded; BaseException is a dying worker)
-            for m in MIDDLEWARE:
+            for m in _FAILURE:
                 m.after_failure(run, exc)
             if run.outcome == "retried":
                 raise SkipJob() from exc  # retried: a database state, not a Celery failure
             raise
-        for m in MIDDLEWARE:
+        for m in _SUCCESS:
             m.after_success(run, result)
         return result
     finally:

@@ -167,11 +167,11 @@ def test_a_start_whose_reply_is_lost_is_retried_by_the_writer_and_runs(dispatche
     dispatcher.claim()
     real_fetch, cut = db._fetch, []
 
-    def reply_lost(cur, fetch):
+    def reply_lost(cur, fetch, *name):
         if not cut:
             cut.append(1)
             raise db.OperationalError("server closed the connection unexpectedly")  # after the commit
-        return real_fetch(cur, fetch)
+        return real_fetch(cur, fetch, *name)
 
     monkeypatch.setattr(db, "_fetch", reply_lost)
     monkeypatch.setattr(db, "reset_connection", lambda: None)
@@ -247,11 +247,11 @@ def test_a_start_keeps_trying_through_a_database_outage(dispatcher, monkeypatch)
     dispatcher.claim()
     real_fetch, cuts = db._fetch, []
 
-    def outage(cur, fetch):
+    def outage(cur, fetch, *name):
         if len(cuts) < 4:  # more failures than one statement's own reconnect covers
             cuts.append(1)
             raise db.OperationalError("the database system is starting up")
-        return real_fetch(cur, fetch)
+        return real_fetch(cur, fetch, *name)
 
     monkeypatch.setattr(db, "_fetch", outage)
     monkeypatch.setattr(db, "reset_connection", lambda: None)
