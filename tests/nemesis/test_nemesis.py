@@ -99,6 +99,19 @@ def test_checker_passes_a_clean_history():
     assert res.stats["cron_runs"] == 11
 
 
+def test_checker_counts_a_job_failed_by_max_lost_attempts_as_the_policy():
+    ledger, jobs, attempts, workload, faults = _history()
+    a = workload[0]["job"]
+    ledger = [x for x in ledger if not (x["job"] == a and x["ev"] == "end")]  # its runs all died mid-run
+    jobs[a] = {"status": "failed", "lost_attempts": 5}
+    res = checker.check(ledger, jobs, attempts, workload, faults, max_lost=5)
+    assert not res.violations, res.evidence()
+    assert res.stats["lost_exhausted"] == 1
+    jobs[a] = {"status": "failed", "lost_attempts": 4}  # fewer: not the policy
+    assert "failed_not_by_policy" in {v.rule for v in checker.check(ledger, jobs, attempts, workload, faults,
+                                                                       max_lost=5).violations}
+
+
 @pytest.mark.parametrize("breakage, rule", [
     ("duplicate", "duplicate"), ("early", "early"), ("missed", "missed"), ("cron_missed", "missed"),
     ("failed", "failed_not_by_policy"), ("discarded", "success_discarded"), ("after_cancel", "after_cancel"),
