@@ -1,4 +1,4 @@
-"""The benchmark of issue 5: firing speed, lag and worker overhead, side by side with the ceiling and Celery ETA.
+"""The benchmark: firing speed, lag and worker overhead, side by side with the raw ceiling and Celery ETA.
 
     python bench/run.py                       # everything, default sizes (~10 min on 2 cores)
     python bench/run.py --size small          # tiny sizes: the CI smoke test
@@ -732,7 +732,7 @@ class Bench:
 
 
 def targets(r: dict) -> list[dict]:
-    """The targets of issue 5 that this run measured: figure, target, met."""
+    """The published targets this run measured (docs/benchmarks.md): figure, target, met."""
     out = []
 
     def add(name, value, op, goal, unit=""):

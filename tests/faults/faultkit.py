@@ -361,21 +361,20 @@ def burst(n: int, window: float, task: str = "demo.tasks.record", start: float =
 
 def child_env(db_url: str, broker_url: str, settings: dict | None = None, clock_offset: float = 0.0,
               **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    for k in ("CRON_AT_SCALE_FAILPOINTS", "FAKE_CLOCK_OFFSET", "PYTEST_CURRENT_TEST"):
-        env.pop(k, None)
-    path = [str(REPO_DIR), str(PROJECT_DIR)]
+    """The demo's child environment (``demo.runner.child_env``), plus this suite's: the scenario's
+    settings, an optional fake clock, and nothing inherited that would change a child's behaviour."""
+    if str(PROJECT_DIR) not in sys.path:  # run as a script (python -m tests.nemesis), not under pytest
+        sys.path.append(str(PROJECT_DIR))
+    from demo.runner import child_env as demo_env  # noqa: PLC0415
+
+    inherited = {k: "" for k in ("CRON_AT_SCALE_FAILPOINTS", "FAKE_CLOCK_OFFSET", "PYTEST_CURRENT_TEST")}
+    env = demo_env(db_url, broker_url, CRON_AT_SCALE_SETTINGS=json.dumps(settings or {}), PYTHONUNBUFFERED="1",
+                   **inherited)
+    for k in inherited:
+        env.pop(k)
     if clock_offset:
-        path.insert(0, str(CLOCK_DIR))
+        env["PYTHONPATH"] = os.pathsep.join([str(CLOCK_DIR), env["PYTHONPATH"]])
         env["FAKE_CLOCK_OFFSET"] = str(clock_offset)
-    env.update(
-        DATABASE_URL=db_url,
-        CELERY_BROKER_URL=broker_url,
-        DJANGO_SETTINGS_MODULE="example_project.settings",
-        PYTHONPATH=os.pathsep.join(path),
-        CRON_AT_SCALE_SETTINGS=json.dumps(settings or {}),
-        PYTHONUNBUFFERED="1",
-    )
     env.update(extra)
     return env
 
