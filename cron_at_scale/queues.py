@@ -147,6 +147,9 @@ class Probe:
                 out[name] = self._verdict(name, depth, consumers)
         except Exception:  # a broker blip: no verdict, nothing held on it
             log.debug("could not read the broker's queues", exc_info=True)
+        finally:
+            # Connected for each look (at most one a second): nothing stays open between them, so a
+            # dispatcher (or a status command) that is never closed leaves no socket behind.
             self.close()
         return out
 
