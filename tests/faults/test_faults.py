@@ -164,9 +164,12 @@ def test_redis_killed_and_restarted_during_burst(env):
     s.wait_workers(["wa", "wb"])
     t0 = time.monotonic()
     # A steady stream, plus a pulse of 300 due at t=4 so that the queue holds messages when Redis dies.
-    schedule_once(env.db, burst(1500, 10) + burst(300, 0.0, start=4.0))
-    sleep_until(t0, 4.3)
-    queued = env.redis.client().llen("celery")
+    schedule_once(env.db, burst(1500, 10) + burst(1000, 0.0, start=4.0))
+    sleep_until(t0, 4.0)
+    deadline, queued = time.monotonic() + 5.0, 0
+    while queued < 50 and time.monotonic() < deadline:  # kill it while the pulse waits in the queue
+        queued = env.redis.client().llen("celery")
+        time.sleep(0.005)
     env.redis.kill9()
     time.sleep(1.5)
     env.redis.start()  # same port, empty
