@@ -168,9 +168,7 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
                 m.before_run(run)
             if after:
                 entered.append(m)
-        # Celery's autoretry_for wrapper would retry with an ETA message; the
-        # middleware handles those exceptions itself (a database state).
-        fn = getattr(task, "_orig_run", None) or task.run
+        fn = _task_function(task)
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 (every task error is recorded; BaseException is a dying worker)
@@ -186,6 +184,18 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
         for m in reversed(entered):
             m.after_run(run)
         _drop_broken_connections()
+
+
+def _task_function(task: JobTask):
+    """The task's own function, past Celery's ``autoretry_for`` wrapper, which would retry with an
+    ETA message: the retry policy middleware handles those exceptions itself, as a database state.
+    Celery wraps ``run`` with ``functools.wraps`` only when the task has ``autoretry_for``; one level
+    of ``__wrapped__`` (the standard attribute ``wraps`` sets) is its input, the user's own
+    decorators included."""
+    fn = task.run
+    if getattr(task, "autoretry_for", None):
+        fn = getattr(fn, "__wrapped__", fn)
+    return fn
 
 
 def _drop_broken_connections() -> None:
