@@ -29,7 +29,8 @@ def task(**options):
         pass
 
     run.__name__ = f"t{random.getrandbits(64)}"
-    return app.task(**options)(run)._get_current_object()
+    app.task(name=run.__name__, **options)(run)
+    return app.tasks[run.__name__]  # the task itself, not the lazy proxy app.task returns
 
 
 class Plain:
