@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import os
 import time
 from collections.abc import Callable
 
@@ -43,3 +45,19 @@ def drain_dlq(app, timeout: float = 0.5) -> list:
         finally:
             queue.close()
     return bodies
+
+
+RABBIT_URL = os.environ.get("CELERY_RABBITMQ_URL") or "amqp://guest:guest@127.0.0.1:5672//"
+
+
+@functools.cache
+def rabbit_unreachable() -> str | None:
+    """Why no RabbitMQ answers at RABBIT_URL (asked once per test run), or None."""
+    from kombu import Connection
+
+    try:
+        with Connection(RABBIT_URL, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+    except Exception as e:
+        return f"no RabbitMQ answers at {RABBIT_URL} ({e}); set CELERY_RABBITMQ_URL"
+    return None

@@ -7,15 +7,12 @@ default vhost; the tests are skipped only when no RabbitMQ answers there.
 
 from __future__ import annotations
 
-import functools
-import os
-
 import pytest
 from celery import Celery
 from demo.models import Execution
 from demo.runner import Processes, child_env, database_url, wait_for_workers
-from helpers import sql, wait_until
-from kombu import Connection, Exchange, Queue
+from helpers import RABBIT_URL, rabbit_unreachable, sql, wait_until
+from kombu import Exchange, Queue
 
 import cron_at_scale
 from cron_at_scale.dispatcher import Dispatcher
@@ -25,7 +22,6 @@ from cron_at_scale.publish_amqp import NotConfirmed
 
 pytestmark = pytest.mark.acceptance
 
-RABBIT_URL = os.environ.get("CELERY_RABBITMQ_URL") or "amqp://guest:guest@127.0.0.1:5672//"
 QUEUES = ("celery", "reports", "cas_topical", "cas_bound", "cas_capped")
 TOPIC = Exchange("cas_topic", type="topic")
 DIRECT = Exchange("cas_direct", type="direct")
@@ -61,22 +57,13 @@ def purge(app: Celery) -> None:
             channel.queue_purge(q.name)
 
 
-@functools.cache
-def unreachable() -> str | None:
-    """Why no RabbitMQ answers at RABBIT_URL (asked once), or None."""
-    try:
-        with Connection(RABBIT_URL, connect_timeout=3) as conn:
-            conn.ensure_connection(max_retries=1)
-    except Exception as e:
-        return f"no RabbitMQ answers at {RABBIT_URL} ({e}); set CELERY_RABBITMQ_URL"
-    return None
 
 
 @pytest.fixture
 def rabbit():
     """A Celery app whose broker is RabbitMQ, its queues declared and empty."""
-    if unreachable():
-        pytest.skip(unreachable())
+    if rabbit_unreachable():
+        pytest.skip(rabbit_unreachable())
     app = rabbit_app()
     purge(app)
     yield app

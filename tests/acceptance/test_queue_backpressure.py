@@ -7,34 +7,25 @@ once a worker for it starts."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 
 import pytest
 from demo.runner import PROJECT_DIR, Processes, child_env, database_url
-from helpers import sql, wait_until
+from helpers import RABBIT_URL, rabbit_unreachable, sql, wait_until
 from kombu import Connection
 
 import cron_at_scale
 
 pytestmark = pytest.mark.acceptance
 
-RABBIT_URL = os.environ.get("CELERY_RABBITMQ_URL") or "amqp://guest:guest@127.0.0.1:5672//"
 LEASE = 4.0  # a short dispatch lease: a re-fire into the dead queue would show within the test
 SETTINGS = {"DISPATCH_LEASE": LEASE, "LOOKAHEAD": 0.5, "WORKER_HEARTBEAT_INTERVAL": 1.0,
             "HOLD_UNCONSUMED_QUEUES": True}
 N = 20
 
 
-def rabbit_unreachable() -> str | None:
-    try:
-        with Connection(RABBIT_URL, connect_timeout=3) as conn:
-            conn.ensure_connection(max_retries=1)
-    except Exception as e:
-        return f"no RabbitMQ answers at {RABBIT_URL} ({e}); set CELERY_RABBITMQ_URL"
-    return None
 
 
 def drop_queues(url: str, names: list[str]) -> None:
