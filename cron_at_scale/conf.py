@@ -85,7 +85,7 @@ def problems() -> list[str]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60:
         out.append(f"CRON_AT_SCALE['LOOKAHEAD'] must be a number of seconds from 0 to 60, got {value!r}")
     if not out:
-        out += contradictions({k: user.get(k, DEFAULTS[k]) for k in DEFAULTS})
+        out += contradictions(values())
     for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS", "PREPARED_STATEMENTS", "HOLD_UNCONSUMED_QUEUES"):
         if not isinstance(user.get(key, DEFAULTS[key]), bool):
             out.append(f"CRON_AT_SCALE[{key!r}] must be True or False, got {user[key]!r}")
@@ -133,6 +133,11 @@ def check() -> None:
     found = problems()
     if found:
         raise ImproperlyConfigured("; ".join(found))
+
+
+def values() -> dict[str, Any]:
+    """Every setting: ``settings.CRON_AT_SCALE`` merged over ``DEFAULTS``."""
+    return {name: get(name) for name in DEFAULTS}
 
 
 def get(name: str) -> Any:

@@ -16,6 +16,7 @@ import time
 from dataclasses import replace
 from datetime import timedelta
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError, transaction
 
 from . import conf, db, failpoints, metrics, retention
@@ -52,12 +53,9 @@ class Dispatcher:
         self.poll_interval = float(conf.get("POLL_INTERVAL") if poll_interval is None else poll_interval)
         self.lease = float(lease or conf.get("DISPATCH_LEASE"))
         self.lookahead = float(conf.get("LOOKAHEAD") if lookahead is None else lookahead)
-        if self.lookahead >= self.lease:
-            from django.core.exceptions import ImproperlyConfigured
-
-            raise ImproperlyConfigured(conf.contradictions({**{k: conf.get(k) for k in conf.DEFAULTS},
-                                                            "LOOKAHEAD": self.lookahead,
-                                                            "DISPATCH_LEASE": self.lease})[0])
+        found = conf.contradictions({**conf.values(), "LOOKAHEAD": self.lookahead, "DISPATCH_LEASE": self.lease})
+        if found:  # the arguments given here may contradict each other too
+            raise ImproperlyConfigured("; ".join(found))
         self.max_broker_depth = int(conf.get("MAX_BROKER_DEPTH"))
         self.app = app or get_app()
         refuse_pickle(self.app)
