@@ -19,9 +19,10 @@ from datetime import timedelta
 from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError, transaction
 
-from . import conf, db, failpoints, metrics, retention
+from . import conf, db, failpoints, history, metrics, retention
 from .celery_app import get_app, refuse_pickle
 from .identity import process_name
+from .overdue import OverdueWatch
 from .publish import Claimed, Publisher, Sender
 from .queues import QueueGate
 from .reaper import Reaper
@@ -67,6 +68,8 @@ class Dispatcher:
         self.sender = Sender(self.publisher, self._sent, retry_for=self.lease / 2)
         # re-fired runs go out through this dispatcher's sender
         self.reaper = Reaper(self._publish, self.app, lease=self.lease, batch_size=self.batch_size)
+        # overdue recurring jobs: the signals, once per episode (cron_at_scale.overdue)
+        self.overdue = OverdueWatch()
         ttl = float(conf.get("SHARD_LEASE"))
         self.shards = AllShards() if shards == "all" else ShardLeases(self.name, ttl)
         self.shard_refresh = ttl / 4
@@ -111,7 +114,8 @@ class Dispatcher:
             return runs
 
     def _advance(self, rows) -> list[Claimed]:
-        moved: dict[str, list] = {k: [] for k in ("ids", "fire_ats", "occurrences", "n_attempts", "missed", "skipped", "buffers")}
+        moved: dict[str, list] = {k: [] for k in ("ids", "fire_ats", "occurrences", "n_attempts", "missed", "skipped",
+                                                  "buffers", "first_fired")}
         logged: dict[str, list] = {k: [] for k in ("a_job_ids", "a_attempts", "a_scheduled", "a_outcomes")}
         runs: list[Claimed] = []
         # Read after the claim locked the rows, in a statement of its own (see running_jobs).
@@ -140,8 +144,9 @@ class Dispatcher:
                 logged["a_outcomes"].append(outcome)
                 if outcome == "dispatched":
                     runs.append(replace(base, attempt=attempt, fire_at=due_at, occurrence=occ))
+            first_fired = min((due_at for _occ, due_at in p.fire), default=None)  # the overdue watch
             for key, value in zip(moved, (base.job_id, p.next_fire_at, p.next_occurrence, attempt - base.attempt,
-                                          p.missed, len(p.skipped), p.buffer)):
+                                          p.missed, len(p.skipped), p.buffer, first_fired), strict=True):
                 moved[key].append(value)
             if p.missed or p.skipped:
                 log.warning("job %s: %d occurrences missed (catch-up %s, window %.0fs), %d skipped (overlap %s)",
@@ -229,7 +234,8 @@ class Dispatcher:
     # -- the loop -------------------------------------------------------------------------
 
     def step(self, wait: bool = True, claim: bool = True) -> int:
-        """One pass of the loop: refresh shard leases and reap when due, fire timers, claim a batch.
+        """One pass of the loop: refresh shard leases, reap and check for overdue jobs when due, fire
+        timers, claim a batch; when idle, purge (retention) and trim run history.
 
         Returns how many jobs were claimed (0 while the broker is full). ``wait=False`` (the run
         loop) leaves the batch publishing on the sender thread while the next claim runs;
@@ -240,11 +246,13 @@ class Dispatcher:
             self._next_shards = now + self.shard_refresh
             self.shards.refresh()
         self.reaper.maybe_reap(now)
+        self.overdue.maybe_check(now)
         self.fire_timers(wait=wait)
         n = 0 if not claim or self.broker_full() else self.tick(wait=wait)
         self.fire_timers(wait=wait)
         if n < self.batch_size:  # idle time only: retention never holds up a busy loop
             retention.maybe_purge()
+            history.maybe_trim()
         return n
 
     def run(self, max_seconds: float | None = None) -> None:

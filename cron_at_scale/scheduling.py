@@ -77,6 +77,7 @@ def build_job(
     catchup_window: float | timedelta | None = None,
     overlap: str = "skip",
     jitter: float | timedelta = 0,
+    grace: float | timedelta | None = None,
     _db_now: datetime | None = None,
     _registered: set[str] | None = None,
     **options: Any,
@@ -119,6 +120,10 @@ def build_job(
     policy = check_policy(recurring, catchup, catchup_window, overlap, jitter)
     if every is not None:
         every = seconds("every", every, minimum=0.001)
+    if grace is not None:
+        grace = seconds("grace", grace, minimum=0.001)
+        if not recurring:
+            raise ValidationError("grace", "applies to recurring jobs only (cron= or every=)")
     if at is not None:
         if not isinstance(at, datetime):
             raise ValidationError("at", f"must be a datetime, got {type(at).__name__}")
@@ -177,6 +182,7 @@ def build_job(
         cancel_requested=False,
         locked_by="",
         key=key,
+        grace=grace,
     )
 
 
@@ -204,7 +210,9 @@ def schedule(task: Any, **spec: Any) -> Job:
     Recurring jobs (``cron``/``every``) take ``catchup`` (``"latest"``,
     ``"all"``, ``"skip"``), ``catchup_window`` (seconds, default 300),
     ``overlap`` (``"skip"``, ``"buffer_one"``, ``"allow"``) and ``jitter``
-    (seconds); see ``cron_at_scale.recurrence``. ``priority``: Celery message priority. ``retry_backoff``,
+    (seconds); see ``cron_at_scale.recurrence``. ``grace``: seconds an occurrence of a recurring job
+    may go without a successful run before the job is overdue (default: the ``OVERDUE_GRACE``
+    setting, 300 s); see ``cron_at_scale.overdue``. ``priority``: Celery message priority. ``retry_backoff``,
     ``retry_backoff_max`` (seconds), ``retry_jitter``, ``retry_all_exceptions``:
     this job's retry policy (see ``cron_at_scale.retry``).
 

@@ -21,7 +21,7 @@ from .exceptions import ValidationError
 from .models import DEFAULT_CATCHUP_WINDOW, Catchup, Overlap
 
 ARGUMENTS = ["args", "kwargs", "at", "countdown", "cron", "every", "tz", "queue", "max_retries", "key",
-              "catchup", "catchup_window", "overlap", "jitter"]
+              "catchup", "catchup_window", "overlap", "jitter", "grace"]
 _CATCHUPS = tuple(Catchup.values)
 _OVERLAPS = tuple(Overlap.values)
 MAX_COUNTDOWN = 100 * 365 * 86400  # seconds; a longer horizon is a bug, not a plan
