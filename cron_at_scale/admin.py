@@ -115,6 +115,25 @@ class QueueFilter(_IndexedValueFilter):
     column = "queue"
 
 
+class OverdueFilter(admin.SimpleListFilter):
+    """Recurring jobs overdue now (:mod:`cron_at_scale.overdue`): the rule's ids (a walk of the
+    recurring jobs' partial index, at most ``MAX_ACTION_JOBS``), then a primary-key lookup."""
+
+    title = "overdue"
+    parameter_name = "overdue"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "overdue now")]
+
+    def queryset(self, request, queryset):
+        if self.value() != "yes":
+            return queryset
+        from .overdue import overdue_jobs
+
+        jobs, _total = overdue_jobs(limit=MAX_ACTION_JOBS)
+        return queryset.filter(id__in=[j.id for j in jobs])
+
+
 def _uuid(text: str) -> uuid.UUID | None:
     try:
         return uuid.UUID(text.split(":", 1)[0])
@@ -143,7 +162,7 @@ def run_now(job_ids) -> int:
 class JobAdmin(admin.ModelAdmin):
     list_display = ("short_id", "task", "status", "schedule", "fire_at", "retries_used", "attempts", "lease")
     list_display_links = ("short_id",)
-    list_filter = ("status", "schedule_type", TaskFilter, QueueFilter)
+    list_filter = ("status", "schedule_type", TaskFilter, QueueFilter, OverdueFilter)
     search_fields = ("=id", "key")  # only to show the search box: get_search_results does the lookups
     search_help_text = "An exact job id (or a task id <job id>:<attempt>), or a key or the start of one."
     ordering = ("-fire_at",)
@@ -162,6 +181,8 @@ class JobAdmin(admin.ModelAdmin):
         ("Recurring", {"classes": ("collapse",), "fields": (
             "occurrence_at", "catchup", "catchup_window", "overlap", "jitter", "buffered_at",
             "missed_occurrences", "skipped_occurrences", "pause_note")}),
+        ("Has it run?", {"classes": ("collapse",), "fields": (
+            "grace", "last_success_at", "last_success_occurrence", "due_since", "resumed_at", "overdue_since")}),
         ("Times", {"fields": ("created_at", "updated_at")}),
     )
 
