@@ -6,8 +6,10 @@ occurrence it waits on is more than its grace old (database clock). That occurre
 ``expected_at``, is:
 
 * the first run fired since the job's last success (``due_since``: set when the dispatcher
-  fires a run and none is waited on, cleared by a success for that occurrence or a later
-  one), so a task that fails, is lost, or runs longer than the grace makes it overdue;
+  fires a run and none is waited on, to that run's time or, if earlier, the occurrence the
+  job was due for then (a run fired late, after an outage); cleared by a success for that
+  occurrence or a later one), so a task that fails, is lost, or runs longer than the grace
+  makes it overdue, and a job that was overdue stays so until a run succeeds;
 * else its next occurrence once it is due (the later of ``fire_at`` and ``occurrence_at``),
   so a job nobody fires (no dispatcher, its queue held for want of a worker) is overdue too;
 * never earlier than its last ``resume()`` (``resumed_at``).

@@ -95,7 +95,9 @@ WHERE job_id = ANY(%(ids)s::uuid[]) AND finished_at IS NULL;
 -- name: advance_recurring
 -- Claimed recurring jobs move on to their next occurrence; the runs fired
 -- now and the occurrences skipped (overlap) get their attempt rows. due_since
--- (cron_at_scale.overdue): the first run fired since the job's last success.
+-- (cron_at_scale.overdue), when a run fires and none is waited on: the
+-- earlier of that run and the occurrence the job was due for (a run fired
+-- late, after an outage, does not hide how long the job has waited).
 WITH moved AS (
     UPDATE cron_at_scale_job AS j
     SET fire_at = v.fire_at, occurrence_at = v.occurrence_at,
@@ -103,7 +105,8 @@ WITH moved AS (
         missed_occurrences = j.missed_occurrences + v.missed,
         skipped_occurrences = j.skipped_occurrences + v.skipped,
         buffered_at = v.buffer,
-        due_since = COALESCE(j.due_since, v.first_fired),
+        due_since = CASE WHEN v.first_fired IS NULL THEN j.due_since
+                         ELSE COALESCE(j.due_since, LEAST(v.first_fired, GREATEST(j.fire_at, j.occurrence_at))) END,
         updated_at = statement_timestamp()
     FROM unnest(%(ids)s::uuid[], %(fire_ats)s::timestamptz[], %(occurrences)s::timestamptz[],
                 %(n_attempts)s::int[], %(missed)s::int[], %(skipped)s::int[], %(buffers)s::timestamptz[],
