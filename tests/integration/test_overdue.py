@@ -127,23 +127,27 @@ def test_a_paused_job_is_not_overdue_and_resume_gives_it_its_grace_again():
     assert str(job.id) in overdue_ids()
 
 
-def test_occurrences_skipped_by_the_catch_up_policy_are_not_waited_on():
+def test_occurrences_skipped_by_the_catch_up_policy_are_not_waited_on(signals):
     job = cron_at_scale.schedule(noop, cron="* * * * *", catchup="skip", grace=5)
     due(job, 3600)
     assert str(job.id) in overdue_ids()  # while nobody fires it
+    assert OverdueWatch().check() == (1, 0)
     assert claim() == []  # catch-up 'skip': none fired, the schedule moves on
     assert str(job.id) not in overdue_ids()
+    assert OverdueWatch().check() == (0, 1)
+    assert signals[-1][0] == "recovered" and signals[-1][1]["reason"] == "not due"
 
 
 def test_the_watch_sends_job_overdue_once_per_episode_and_job_recovered_when_it_clears(signals):
     job = cron_at_scale.schedule(noop, cron=YEARLY, grace=5, key="nightly-report")
     paused = cron_at_scale.schedule(noop, cron=YEARLY, grace=5)
-    due(job, 10)
-    due(paused, 10)
+    ended = cron_at_scale.schedule(noop, cron=YEARLY, grace=5)
+    for j in (job, paused, ended):
+        due(j, 10)
     d1, d2 = OverdueWatch(), OverdueWatch()  # two dispatchers
-    assert d1.check() == (2, 0)
+    assert d1.check() == (3, 0)
     assert d2.check() == (0, 0) and d1.check() == (0, 0)  # one signal per episode
-    assert sorted(kw["job"].id for name, kw in signals) == sorted([job.id, paused.id])
+    assert sorted(kw["job"].id for name, kw in signals) == sorted([job.id, paused.id, ended.id])
     event = next(kw for _, kw in signals if kw["job"].id == job.id)
     assert event["late_seconds"] >= 10 and event["grace"] == 5 and event["job"].key == "nightly-report"
     assert Job.objects.get(id=job.id).overdue_since is not None
@@ -153,9 +157,10 @@ def test_the_watch_sends_job_overdue_once_per_episode_and_job_recovered_when_it_
     assert d2.check() == (0, 0)  # fired, not succeeded: still overdue, same episode
     succeed(job.id, run.attempt)
     assert cron_at_scale.pause(paused.id)
-    assert d2.check() == (0, 2) and d1.check() == (0, 0)
+    assert cron_at_scale.cancel(ended.id)
+    assert d2.check() == (0, 3) and d1.check() == (0, 0)
     reasons = {kw["job"].id: kw["reason"] for name, kw in signals if name == "recovered"}
-    assert reasons == {job.id: "succeeded", paused.id: "paused"}
+    assert reasons == {job.id: "succeeded", paused.id: "paused", ended.id: "ended"}
     assert Job.objects.get(id=job.id).overdue_since is None
 
 
