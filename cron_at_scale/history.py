@@ -13,8 +13,9 @@ attempt (``occurrence_losses``). So trimming changes no figure but the rows show
 
 ``maybe_trim()`` is the dispatcher's hook, called in its idle time: every ``TRIM_INTERVAL``
 seconds one statement finds the jobs to trim (an index probe per recurring job: the
-oldest attempt), then deletes their extra rows oldest first, ``batch_size`` rows per
-statement, each its own short transaction, for at most ``TRIM_BUDGET`` seconds. Rows another
+oldest attempt), then deletes their extra rows oldest first, ``batch_size`` rows of up to
+``JOBS_PER_STATEMENT`` jobs per statement, each its own short transaction (asynchronous
+commit: a lost delete is done again), for at most ``TRIM_BUDGET`` seconds. Rows another
 session holds are skipped (``SKIP LOCKED``): dispatchers trimming at once neither wait for
 nor delete the same rows. Between two passes a job gains what it fires in ``TRIM_INTERVAL``
 seconds: a per-second job keeps at most ``HISTORY_PER_JOB`` + ~10 rows (+ its unfinished ones).
@@ -23,6 +24,7 @@ seconds: a per-second job keeps at most ``HISTORY_PER_JOB`` + ~10 rows (+ its un
 from __future__ import annotations
 
 import logging
+import random
 import time
 
 from . import conf, db
@@ -30,6 +32,7 @@ from . import conf, db
 log = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 1000  # rows per delete: a few ms of locks
+JOBS_PER_STATEMENT = 100  # jobs per delete statement: one statement a pass in the steady state
 TRIM_INTERVAL = 10.0  # seconds between a dispatcher's passes
 TRIM_BUDGET = 0.5  # seconds of deleting per pass, so the claim loop is never held up long
 
@@ -60,10 +63,13 @@ def trim(keep: int | None, max_age: float | None = None, batch_size: int = DEFAU
     deadline = None if budget_seconds is None else time.monotonic() + budget_seconds
     limits = {"keep": keep, "age": None if max_age is None else float(max_age)}
     deleted = 0
-    for job in db.run("history_due", limits, retries=0):
+    jobs = db.run("history_due", limits, retries=0)
+    random.shuffle(jobs)  # a pass cut short by its budget starts elsewhere next time: no job starves
+    for start in range(0, len(jobs), JOBS_PER_STATEMENT):
+        chunk = jobs[start : start + JOBS_PER_STATEMENT]
+        params = {**limits, "job_ids": [j.id for j in chunk], "latests": [j.attempts for j in chunk], "n": batch_size}
         while True:
-            n = db.run("history_trim", {**limits, "job_id": job.id, "latest": job.attempts, "n": batch_size},
-                       fetch="count", retries=0)
+            n = db.run("history_trim", params, fetch="count", retries=0)
             deleted += n
             if n < batch_size or (deadline is not None and time.monotonic() > deadline):
                 break

@@ -491,21 +491,37 @@ CROSS JOIN LATERAL (SELECT a.attempt, a.dispatched_at FROM cron_at_scale_jobatte
                     WHERE a.job_id = j.id ORDER BY a.attempt LIMIT 1) AS oldest
 WHERE NOT j.schedule_type = 'once' AND oldest.attempt < j.attempts
   AND (oldest.attempt <= j.attempts - %(keep)s::int
-       OR oldest.dispatched_at < statement_timestamp() - make_interval(secs => %(age)s::float8))
-ORDER BY j.id;
+       OR oldest.dispatched_at < statement_timestamp() - make_interval(secs => %(age)s::float8));
 
--- name: history_trim
--- At most %(n)s finished attempts of job %(job_id)s beyond its latest %(keep)s or older than
--- %(age)s seconds, oldest first; never its latest (%(latest)s) nor an unfinished one; rows
--- another session holds are skipped (another dispatcher trimming, the reaper).
+-- name: history_trim :async
+-- At most %(n)s finished attempts of these jobs (%(job_ids)s, each with its latest attempt
+-- number in %(latests)s) beyond their latest %(keep)s or dispatched more than %(age)s seconds
+-- ago (NULL: no such limit), oldest first. Per job, a bound on the attempt number, then a
+-- range of the (job_id, attempt) index up to it: attempt numbers grow with dispatch time, so
+-- the old attempts lead the range, and only the first %(n)s are read to find the age bound.
+-- Never a job's latest attempt nor an unfinished one; rows another session holds are skipped
+-- (another dispatcher trimming, the reaper, a worker).
+-- Asynchronous commit: a delete lost in a crash of PostgreSQL is done again at the next pass
+-- (a synchronous one cost a WAL flush per statement: most of a pass's time).
 DELETE FROM cron_at_scale_jobattempt WHERE id IN (
-    SELECT id FROM cron_at_scale_jobattempt
-    WHERE job_id = %(job_id)s AND attempt < %(latest)s AND finished_at IS NOT NULL
-      AND (attempt <= %(latest)s - %(keep)s::int
-           OR dispatched_at < statement_timestamp() - make_interval(secs => %(age)s::float8))
-    ORDER BY attempt
+    SELECT d.id
+    FROM unnest(%(job_ids)s::uuid[], %(latests)s::int[]) AS t(job_id, latest)
+    CROSS JOIN LATERAL (
+        SELECT GREATEST(t.latest - %(keep)s::int,
+                        CASE WHEN %(age)s::float8 IS NOT NULL THEN (
+                            SELECT max(f.attempt) FROM (SELECT a.attempt, a.dispatched_at
+                                                        FROM cron_at_scale_jobattempt AS a
+                                                        WHERE a.job_id = t.job_id AND a.attempt < t.latest
+                                                        ORDER BY a.attempt LIMIT %(n)s) AS f
+                            WHERE f.dispatched_at < statement_timestamp() - make_interval(secs => %(age)s::float8))
+                        END) AS upto) AS b
+    CROSS JOIN LATERAL (SELECT a.id FROM cron_at_scale_jobattempt AS a
+                        WHERE a.job_id = t.job_id AND a.attempt < t.latest AND a.attempt <= b.upto
+                          AND a.finished_at IS NOT NULL
+                        ORDER BY a.attempt
+                        LIMIT %(n)s
+                        FOR UPDATE SKIP LOCKED) AS d
     LIMIT %(n)s
-    FOR UPDATE SKIP LOCKED
 );
 
 -- name: heartbeat_dispatcher

@@ -65,6 +65,10 @@ def test_overdue_jobs_signal_once_per_episode_recover_on_success_and_history_sta
     wait_for_workers(system.app, ["w1"])
     wait_until(lambda: sql("SELECT count(*) FROM cron_at_scale_workerhealth WHERE queues ? 'celery'")[0][0],
                timeout=60, what="w1's health row")
+    system.dispatcher("d1")
+    system.dispatcher("d2")
+    wait_until(lambda: sql("SELECT count(*) FROM cron_at_scale_dispatcherheartbeat")[0][0] >= 2, timeout=60,
+               what="two dispatchers")  # up before the jobs: what makes them overdue is not a slow start
 
     every_second = {"cron": "* * * * * *", "grace": GRACE}
     broken = cron_at_scale.schedule("demo.tasks.fail", kwargs={"times": 10**6}, key="e2e-broken", **every_second)
@@ -73,11 +77,14 @@ def test_overdue_jobs_signal_once_per_episode_recover_on_success_and_history_sta
     paused = cron_at_scale.schedule("demo.tasks.fail", kwargs={"times": 10**6}, key="e2e-paused", **every_second)
     assert cron_at_scale.pause(paused.id)
     later = cron_at_scale.schedule("demo.ledger.record", every=3600, grace=GRACE, key="e2e-later")
-    system.dispatcher("d1")
-    system.dispatcher("d2")
 
     wait_until(lambda: sent(signal_file, "job_overdue", broken) and sent(signal_file, "job_overdue", unconsumed),
                timeout=90, what="job_overdue for the failing job and the job without a worker")
+    (first_failure,) = sent(signal_file, "job_overdue", broken)
+    failed = JobAttempt.objects.filter(job_id=broken.id, outcome="failed").order_by("attempt").first()
+    assert failed is not None and first_failure["expected_at"] == failed.scheduled_at.isoformat()  # its first run
+    wait_until(lambda: Job.objects.get(id=healthy.id).last_success_at is not None, timeout=30,
+               what="the healthy job's first success")
     out = StringIO()
     call_command("cron_status", "--json", stdout=out)
     report = json.loads(out.getvalue())
