@@ -12,6 +12,7 @@ from cron_at_scale.status import COUNT_CAP, DEFAULT_WINDOW, StatusReport, snapsh
 from ._cliutil import seconds
 
 BEHIND_AFTER = 5.0  # seconds a due job may wait before the scheduler counts as behind
+OVERDUE_LISTED = 20  # overdue recurring jobs listed, most overdue first
 
 
 class Command(BaseCommand):
@@ -64,10 +65,12 @@ class Command(BaseCommand):
         out(f"dead-letter queue {n('dlq', s.dlq)} failed jobs")
         out(f"paused            {n('paused', s.paused)} recurring jobs; {s.missed_occurrences} cron occurrences missed")
         out(f"overdue recurring {s.overdue_jobs_count}" + (" (no success within their grace)" if s.overdue_jobs_count else ""))
-        for o in s.overdue_jobs:
+        for o in s.overdue_jobs[:OVERDUE_LISTED]:
             last = o["last_success_at"] or "never"
             out(f"  {o['id']} {o['key'] or o['task']:<28} due {o['expected_at']}, {o['late_seconds']:.0f} s ago "
                 f"(grace {o['grace']:g} s), last success {last}")
+        if s.overdue_jobs_count > OVERDUE_LISTED:
+            out(f"  … {s.overdue_jobs_count - OVERDUE_LISTED} more (--json lists {len(s.overdue_jobs)}; admin: ?overdue=yes)")
         out(f"dispatchers alive {s.dispatchers_alive}" + (f" ({', '.join(s.dispatchers)})" if s.dispatchers else ""))
         alive = [w for w in s.workers if w["alive"]]
         stuck = [w for w in alive if w["stuck"]]
