@@ -72,7 +72,9 @@ class Reaper:
             failed = db.run("reap_once", {"job_ids": [r[0] for r in lost], "attempts": [r[1] for r in lost],
                                           "started": [r[3] for r in lost], "max_lost": self.max_lost}, retries=0)
             once = {r[0] for r in failed}
-            for r in lost:
+            # By job id: the order in which a worker's start_attempt locks the recurring jobs whose
+            # successes it records, so the two never wait on each other in a cycle (a deadlock).
+            for r in sorted(lost, key=lambda r: str(r.job_id)):
                 if r.job_id in once:
                     continue
                 rows = db.run("refire_cron", {"job_id": r.job_id, "scheduled_at": r.scheduled_at, "started": r.started,
