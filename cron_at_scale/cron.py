@@ -16,15 +16,25 @@ and may be used as range ends (``MON-FRI``).  Macros: ``@yearly``,
 ``@annually``, ``@monthly``, ``@weekly``, ``@daily``, ``@midnight``,
 ``@hourly``.
 
+Quartz day forms (``org.quartz.CronExpression``), each the whole of its field:
+day-of-month ``L`` (last day), ``L-N`` (N days before it, N 0-30), ``NW`` (the
+weekday nearest day N, never in another month: a Saturday 1st gives Monday
+the 3rd, a Sunday last day the Friday before; no day N, no fire), ``LW`` and
+``L-NW``; day-of-week ``DL`` (the last D-day) and ``D#K`` (the K-th D-day,
+K 1-5; no fire in a month without one), D in cron numbering (0-7 or SUN-SAT,
+where Quartz counts 1-7 from Sunday).
+
 Rejected: ``N/S`` (cronie rejects it; other implementations disagree on
 whether it means ``N-max/S`` or ``N`` -- write ``N-max/S`` explicitly),
-descending ranges, ``@reboot``, ``?``, ``L``, ``W``, ``#``, ``H``, empty
+descending ranges, ``@reboot``, ``?``, ``H``, ``L``/``W``/``#`` anywhere
+else (in a list or range, another field, ``L`` alone in day-of-week), empty
 fields or list items, a wrong number of fields, non-``str`` input and
 expressions longer than 200 characters.
 
 Day rule (cronie): if the day-of-month *or* the day-of-week field text begins
 with ``*`` (so ``*/2`` counts, ``1-31`` does not) a day must match both
-fields; otherwise it may match either.
+fields; otherwise it may match either. The Quartz forms follow the same rule
+(they never begin with ``*``): ``0 0 L * 1`` is the last day or a Monday.
 
 Time zones (Vixie cron / cronie policy)
 ---------------------------------------
@@ -115,6 +125,8 @@ class CronExpr:
     Field sets hold the matching values: ``seconds`` ({0} for five-field
     expressions), ``minutes``, ``hours``, ``days`` (day-of-month 1-31),
     ``months`` (1-12) and ``weekdays`` (0-6, Sunday=0; 7 is folded into 0).
+    ``dom_rule``/``dow_rule``: the Quartz day form of that field (see
+    ``_day_rule``; the field's value set is then empty), else None.
     ``dom_star``/``dow_star``: the day-of-month/day-of-week field text begins
     with ``*`` (cronie's DOM_STAR/DOW_STAR).  ``wildcard``: the minute or hour
     field text begins with ``*``.  ``can_fire``: some calendar date satisfies

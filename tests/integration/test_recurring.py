@@ -192,4 +192,7 @@ def test_bad_quartz_forms_are_refused_by_schedule(cron, part):
     with pytest.raises(ValidationError) as err:
         cron_at_scale.schedule(noop, cron=cron)
     assert err.value.field == "cron" and part in str(err.value)
+    with pytest.raises(ValidationError) as err:
+        cron_at_scale.schedule_many([{"task": noop.name, "cron": "0 0 L * *"}, {"task": noop.name, "cron": cron}])
+    assert err.value.field == "[1].cron" and part in str(err.value)
     assert Job.objects.count() == 0
