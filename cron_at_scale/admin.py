@@ -14,7 +14,8 @@ What keeps every page under a second at that size:
 * search is an index lookup: an exact job id (or a Celery task id
   ``<job id>:<attempt>``), else a key prefix; never ``LIKE '%…%'``;
 * the change page shows the latest ``ATTEMPTS_SHOWN`` attempts (an index
-  range) and their django-celery-results ``TaskResult`` in one query.
+  range) and their django-celery-results ``TaskResult`` in one query. A cron
+  job's page also previews its next ``NEXT_FIRES_SHOWN`` fires (no query).
 
 Actions (cancel, run now, requeue, pause, resume) call the public API and
 need custom permissions (``cancel_job``, ``run_job``, ``requeue_job``,
@@ -25,6 +26,7 @@ naming it is refused by the action form.
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from functools import cached_property
 
 from django.apps import apps
@@ -39,12 +41,15 @@ from django.utils.html import format_html, format_html_join
 
 import cron_at_scale
 
+from . import cron as cronlib
+from .exceptions import ValidationError
 from .models import Job, JobAttempt, ScheduleType, Status
 from .status import planner_estimate, table_estimate
 
 EXACT_COUNT_LIMIT = 10_000  # results counted exactly up to here (bounded: LIMIT); beyond, the planner's estimate
 MAX_PAGES = 200  # deepest page offered: OFFSET 20,000 rows at 100 per page stays fast
 ATTEMPTS_SHOWN = 50  # latest attempts on a job's page
+NEXT_FIRES_SHOWN = 5  # a cron job's pending occurrence and the ones after it, on its page
 MAX_ACTION_JOBS = 10_000  # an action over more rows is refused (use the commands, which batch)
 
 
@@ -131,6 +136,16 @@ def schedule_text(job: Job) -> str:
     return "once"
 
 
+def next_fires_text(job: Job, n: int = NEXT_FIRES_SHOWN) -> list[str]:
+    """A cron job's pending occurrence and the ``n - 1`` after it, each as ``"<local> (<UTC>)"``
+    (``cron.next_fire_times``, as the dispatcher's claim computes them); ``[]`` for other jobs."""
+    if job.schedule_type != ScheduleType.CRON or job.occurrence_at is None:
+        return []
+    zone = cronlib.check_zone(job.timezone)
+    fires = cronlib.next_fire_times(job.cron_expr, job.timezone, job.occurrence_at - timedelta(microseconds=1), n)
+    return [f"{t.astimezone(zone):%a %Y-%m-%d %H:%M:%S %Z} ({t:%Y-%m-%d %H:%M:%S} UTC)" for t in fires]
+
+
 def run_now(job_ids) -> int:
     """Make pending jobs due now; returns how many. A one-off fires at once; a recurring job fires
     one extra run now and keeps its schedule (its ``occurrence_at`` stays where it was)."""
@@ -160,7 +175,7 @@ class JobAdmin(admin.ModelAdmin):
         ("Retries", {"fields": ("retries", "max_retries", "attempts", "lost_attempts")}),
         ("Lease", {"fields": ("locked_by", "locked_until", "cancel_requested")}),
         ("Recurring", {"classes": ("collapse",), "fields": (
-            "occurrence_at", "catchup", "catchup_window", "overlap", "jitter", "buffered_at",
+            "occurrence_at", "next_fires", "catchup", "catchup_window", "overlap", "jitter", "buffered_at",
             "missed_occurrences", "skipped_occurrences", "pause_note")}),
         ("Times", {"fields": ("created_at", "updated_at")}),
     )
@@ -198,7 +213,15 @@ class JobAdmin(admin.ModelAdmin):
     # -- one job ------------------------------------------------------------------------------------
 
     def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in Job._meta.fields] + ["schedule", "attempt_history"]
+        return [f.name for f in Job._meta.fields] + ["schedule", "next_fires", "attempt_history"]
+
+    @admin.display(description=f"next {NEXT_FIRES_SHOWN} fires")
+    def next_fires(self, job: Job) -> str:
+        try:
+            lines = next_fires_text(job)
+        except ValidationError as exc:  # a row written around the API: say why instead of failing the page
+            return str(exc)
+        return format_html_join("", "{}<br>", ((line,) for line in lines)) if lines else "-"
 
     @admin.display(description=f"latest {ATTEMPTS_SHOWN} attempts")
     def attempt_history(self, job: Job) -> str:
