@@ -73,6 +73,7 @@ __all__ = [
     "next_fire_time",
     "next_fire_times",
     "parse",
+    "rule_text",
     "validate",
 ]
 
