@@ -9,6 +9,7 @@ from __future__ import annotations
 import calendar
 import re
 from datetime import date
+from functools import cache
 
 _NAMES = {n: i for i, n in enumerate(["SUN", "MON", "TUE", "WED", "THU", "FRI", "SAT"])}
 
@@ -17,6 +18,7 @@ def cron_dow(d: date) -> int:
     return (d.weekday() + 1) % 7  # Sunday=0
 
 
+@cache
 def _nearest_weekday(y: int, m: int, n: int) -> int | None:
     """The Monday-Friday day of the month closest to day n (no ties can occur)."""
     dim = calendar.monthrange(y, m)[1]
@@ -26,7 +28,8 @@ def _nearest_weekday(y: int, m: int, n: int) -> int | None:
     return min(weekdays, key=lambda d: abs(d - n))
 
 
-def _plain(text: str, low: int, high: int) -> set[int]:
+@cache
+def _plain(text: str, low: int, high: int) -> frozenset[int]:
     out: set[int] = set()
     for item in text.split(","):
         m = re.fullmatch(r"(\*|\d+(?:-\d+)?)(?:/(\d+))?", item)
@@ -34,7 +37,7 @@ def _plain(text: str, low: int, high: int) -> set[int]:
         rng, step = m.group(1), int(m.group(2) or 1)
         a, b = (low, high) if rng == "*" else (int(rng.split("-")[0]), int(rng.split("-")[-1]))
         out.update(range(a, b + 1, step))
-    return out
+    return frozenset(out)
 
 
 def dom_matches(text: str, y: int, m: int, d: int) -> bool:

@@ -129,13 +129,20 @@ def _oracle_days(dom: str, dow: str, months: str, after: date, n: int) -> list[d
         wanted = set(range(a, b + 1))
     out: list[date] = []
     y, m = after.year, after.month
+    empty: set[tuple[int, int]] = set()  # (days, weekday of the 1st) of months known to match no day
     for _ in range(400 * 12):
-        if m in wanted:
-            for d in range(1, calendar.monthrange(y, m)[1] + 1):
-                if date(y, m, d) > after and day_matches(dom, dow, y, m, d):
-                    out.append(date(y, m, d))
-                    if len(out) == n:
-                        return out
+        shape = (calendar.monthrange(y, m)[1], date(y, m, 1).weekday())
+        if m in wanted and shape not in empty:
+            found = False
+            for d in range(1, shape[0] + 1):
+                if day_matches(dom, dow, y, m, d):
+                    found = True
+                    if date(y, m, d) > after:
+                        out.append(date(y, m, d))
+                        if len(out) == n:
+                            return out
+            if not found:
+                empty.add(shape)
         y, m = (y + 1, 1) if m == 12 else (y, m + 1)
     return out or None
 
