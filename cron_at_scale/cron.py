@@ -126,8 +126,9 @@ class CronExpr:
     Field sets hold the matching values: ``seconds`` ({0} for five-field
     expressions), ``minutes``, ``hours``, ``days`` (day-of-month 1-31),
     ``months`` (1-12) and ``weekdays`` (0-6, Sunday=0; 7 is folded into 0).
-    ``dom_rule``/``dow_rule``: the Quartz day form of that field (see
-    ``_day_rule``; the field's value set is then empty), else None.
+    ``dom_rule``/``dow_rule``: the Quartz day form of that field, e.g.
+    ``("L", 3)`` for ``L-3``, ``("#", 2, 2)`` for ``2#2`` (:func:`rule_text`
+    writes it back; the field's value set is then empty), else None.
     ``dom_star``/``dow_star``: the day-of-month/day-of-week field text begins
     with ``*`` (cronie's DOM_STAR/DOW_STAR).  ``wildcard``: the minute or hour
     field text begins with ``*``.  ``can_fire``: some calendar date satisfies
@@ -153,7 +154,7 @@ class CronExpr:
     _minutes: tuple[int, ...] = field(default=(), repr=False, compare=False)
     _hours: tuple[int, ...] = field(default=(), repr=False, compare=False)
     _months: tuple[int, ...] = field(default=(), repr=False, compare=False)
-    # (days in month, weekday of day 0 with Monday=0) -> matching days; only with a dom/dow rule.
+    # (days in the month, weekday of its 1st with Monday=0) -> matching days; only with a dom/dow rule.
     _day_table: dict[tuple[int, int], tuple[int, ...]] | None = field(default=None, repr=False, compare=False)
 
     def day_matches(self, year: int, month: int, day: int) -> bool:
