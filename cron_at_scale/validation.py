@@ -24,6 +24,10 @@ ARGUMENTS = ["args", "kwargs", "at", "countdown", "cron", "every", "tz", "queue"
               "catchup", "catchup_window", "overlap", "jitter"]
 _CATCHUPS = tuple(Catchup.values)
 _OVERLAPS = tuple(Overlap.values)
+# resume(missed=...): what to do with the occurrences that fell due while a job was paused
+RESUME_CHOICES = ("skip", "latest", "all")
+# What reschedule() may change (the key names the job, it cannot change).
+RESCHEDULE_ARGUMENTS = ["task", *(a for a in ARGUMENTS if a != "key")]
 MAX_COUNTDOWN = 100 * 365 * 86400  # seconds; a longer horizon is a bug, not a plan
 MAX_JSON_DEPTH = 64
 MAX_INT_BITS = 1024  # far beyond any id or amount; Python refuses to print ints of ~4300+ digits
