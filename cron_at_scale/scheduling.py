@@ -322,6 +322,13 @@ def reschedule(job_or_key: Any, **changes: Any) -> Job:
                                         f"{', '.join(RESCHEDULE_ARGUMENTS + sorted(OPTIONS))}")
     with transaction.atomic():
         job = _locked_job(job_or_key)
+        if job.schedule_type != ScheduleType.ONCE:
+            cron_after = changes.get("cron") is not None or (
+                changes.get("every") is None and job.schedule_type == ScheduleType.CRON)
+            for name in ("countdown", "at") if cron_after else ("countdown",):
+                if changes.get(name) is not None:
+                    raise ValidationError(name, f"does not apply to a {'cron' if cron_after else 'recurring'} job "
+                                                "(an interval job takes at=, its first occurrence)")
         new = build_job(changes.get("task", job.task), _db_now=db_now(), _registered={job.task},
                         **_merged_spec(job, changes))
         apply_change(job, new, move=any(changes.get(n) is not None for n in ("at", "countdown")))
