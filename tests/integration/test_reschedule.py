@@ -347,3 +347,28 @@ def test_a_claim_during_a_reschedule_skips_the_row_then_sees_the_new_schedule(br
     assert attempts(job) == [(1, "dispatched")]  # the occurrence due before the change, fired once
     assert Dispatcher(name="other", lookahead=1.0).claim() == []  # next one: 3 s after the change
     assert state(job.id)["interval"] == 3.0
+
+
+# -- manage.py cron_schedule --key K --update ------------------------------------------------------
+
+
+def test_cron_schedule_update_changes_the_job_holding_the_key():
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    def run(*args: str) -> str:
+        out = StringIO()
+        call_command("cron_schedule", "demo.tasks.noop", *args, stdout=out, stderr=StringIO())
+        return out.getvalue().strip()
+
+    job_id = run("--cron", "0 9 * * *", "--key", "daily")
+    with pytest.raises(CommandError, match=r"cron_expr \('0 9 \* \* \*' there, '0 10 \* \* \*' here\).*update=True"):
+        run("--cron", "0 10 * * *", "--key", "daily")
+    before = db_now()
+    assert run("--cron", "0 10 * * *", "--key", "daily", "--update") == job_id
+    job = Job.objects.get(id=job_id)
+    assert job.cron_expr == "0 10 * * *" and job.fire_at == next_fire_time("0 10 * * *", "UTC", before)
+    with pytest.raises(CommandError, match="--update needs --key"):
+        run("--cron", "0 10 * * *", "--update")
+    assert Job.objects.count() == 1
