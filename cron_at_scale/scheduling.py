@@ -315,25 +315,31 @@ def reschedule(job_or_key: Any, **changes: Any) -> Job:
     bad value, a job not live, a one-off already claimed, one-off to recurring
     or back) and changes nothing.
     """
+    with transaction.atomic():
+        job = _locked_job(job_or_key)
+        new = changed_job(job, changes)
+        apply_change(job, new, move=any(changes.get(n) is not None for n in ("at", "countdown")))
+    job.refresh_from_db()
+    return job
+
+
+def changed_job(job: Job, changes: Mapping[str, Any]) -> Job:
+    """The unsaved, validated job ``job`` becomes with ``changes`` (``reschedule()``'s arguments);
+    writes nothing. Raises ``ValidationError`` naming the argument at fault."""
     refuse_private(changes)
     for name in changes:
         if name not in RESCHEDULE_ARGUMENTS and name not in OPTIONS:
             raise ValidationError(name, f"unknown argument; reschedule() takes "
                                         f"{', '.join(RESCHEDULE_ARGUMENTS + sorted(OPTIONS))}")
-    with transaction.atomic():
-        job = _locked_job(job_or_key)
-        if job.schedule_type != ScheduleType.ONCE:
-            cron_after = changes.get("cron") is not None or (
-                changes.get("every") is None and job.schedule_type == ScheduleType.CRON)
-            for name in ("countdown", "at") if cron_after else ("countdown",):
-                if changes.get(name) is not None:
-                    raise ValidationError(name, f"does not apply to a {'cron' if cron_after else 'recurring'} job "
-                                                "(an interval job takes at=, its first occurrence)")
-        new = build_job(changes.get("task", job.task), _db_now=db_now(), _registered={job.task},
-                        **_merged_spec(job, changes))
-        apply_change(job, new, move=any(changes.get(n) is not None for n in ("at", "countdown")))
-    job.refresh_from_db()
-    return job
+    if job.schedule_type != ScheduleType.ONCE:
+        cron_after = changes.get("cron") is not None or (
+            changes.get("every") is None and job.schedule_type == ScheduleType.CRON)
+        for name in ("countdown", "at") if cron_after else ("countdown",):
+            if changes.get(name) is not None:
+                raise ValidationError(name, f"does not apply to a {'cron' if cron_after else 'recurring'} job "
+                                            "(an interval job takes at=, its first occurrence)")
+    return build_job(changes.get("task", job.task), _db_now=db_now(), _registered={job.task},
+                     **_merged_spec(job, changes))
 
 
 def _merged_spec(job: Job, changes: Mapping[str, Any]) -> dict[str, Any]:

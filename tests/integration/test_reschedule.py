@@ -372,3 +372,62 @@ def test_cron_schedule_update_changes_the_job_holding_the_key():
     with pytest.raises(CommandError, match="--update needs --key"):
         run("--cron", "0 10 * * *", "--update")
     assert Job.objects.count() == 1
+
+
+# -- the admin: the change form reschedules, resume asks what to do with missed occurrences ----------
+
+
+def _admin_client(*perms: str):
+    from django.contrib.auth.models import Permission, User
+    from django.test import Client
+
+    user = User.objects.create_user(f"staff{User.objects.count()}", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="cron_at_scale", codename__in=perms))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_the_admin_change_form_edits_a_recurring_schedule_through_reschedule():
+    job = cron_at_scale.schedule(noop, cron="0 4 * * *")
+    once = cron_at_scale.schedule(noop, countdown=3600)
+    url = f"/admin/cron_at_scale/job/{job.id}/change/"
+    editor = _admin_client("view_job", "change_job")
+    page = editor.get(url).content.decode()
+    assert 'name="cron_expr"' in page and 'name="timezone"' in page and 'name="interval"' not in page
+    assert 'name="cron_expr"' not in editor.get(f"/admin/cron_at_scale/job/{once.id}/change/").content.decode()
+
+    r = editor.post(url, {"cron_expr": "61 4 * * *", "timezone": "UTC", "_save": "Save"})
+    assert r.status_code == 200 and "cron_expr" in r.context["adminform"].form.errors
+    assert Job.objects.get(id=job.id).cron_expr == "0 4 * * *"
+    before = db_now()
+    r = editor.post(url, {"cron_expr": "15 5 * * *", "timezone": "Europe/Paris", "_save": "Save"})
+    assert r.status_code == 302
+    row = Job.objects.get(id=job.id)
+    assert (row.cron_expr, row.timezone) == ("15 5 * * *", "Europe/Paris")
+    assert row.fire_at == next_fire_time("15 5 * * *", "Europe/Paris", before)
+
+    viewer = _admin_client("view_job")
+    assert 'name="cron_expr"' not in viewer.get(url).content.decode()
+    viewer.post(url, {"cron_expr": "0 6 * * *", "timezone": "UTC", "_save": "Save"})
+    assert Job.objects.get(id=job.id).cron_expr == "15 5 * * *"
+
+    every = cron_at_scale.schedule(noop, every=60)
+    r = editor.post(f"/admin/cron_at_scale/job/{every.id}/change/", {"interval": "5", "_save": "Save"})
+    assert r.status_code == 302 and Job.objects.get(id=every.id).interval == 5.0
+
+
+def test_the_admin_resume_action_asks_what_to_do_with_missed_occurrences():
+    job = cron_at_scale.schedule(noop, cron="* * * * *", overlap="allow", catchup_window=600)
+    cron_at_scale.pause(job.id)
+    shift(job, 3 * 60)
+    client = _admin_client("view_job", "pause_job")
+    form = {"action": "resume_jobs", "_selected_action": [str(job.id)]}
+    page = client.post("/admin/cron_at_scale/job/", form)
+    assert page.status_code == 200 and 'value="all"' in page.content.decode()
+    assert Job.objects.get(id=job.id).status == "paused"  # nothing done before the choice
+    client.post("/admin/cron_at_scale/job/", {**form, "post": "yes", "missed": "bogus"})
+    assert Job.objects.get(id=job.id).status == "paused"  # an unknown choice shows the page again
+    r = client.post("/admin/cron_at_scale/job/", {**form, "post": "yes", "missed": "all"}, follow=True)
+    assert "Resumed 1 of 1" in r.content.decode()
+    assert Job.objects.get(id=job.id).status == "pending" and JobAttempt.objects.filter(job_id=job.id).count() == 3
