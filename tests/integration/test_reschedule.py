@@ -431,3 +431,22 @@ def test_the_admin_resume_action_asks_what_to_do_with_missed_occurrences():
     r = client.post("/admin/cron_at_scale/job/", {**form, "post": "yes", "missed": "all"}, follow=True)
     assert "Resumed 1 of 1" in r.content.decode()
     assert Job.objects.get(id=job.id).status == "pending" and JobAttempt.objects.filter(job_id=job.id).count() == 3
+
+
+# -- the beat sync's upsert goes through the same change ----------------------------------------
+
+
+def test_upsert_reschedules_in_place_and_replaces_a_job_changed_between_one_off_and_recurring():
+    from cron_at_scale.beat import upsert
+    from cron_at_scale.scheduling import build_job
+
+    job = cron_at_scale.schedule(noop, every=1, key="beat:poll", overlap="allow")
+    shift(job, 1)  # an occurrence of the old schedule due, not claimed yet
+    before = db_now()
+    action, changed = upsert(build_job(noop, every=30, key="beat:poll", overlap="allow"))
+    assert (action, changed.id, changed.interval) == ("updated", job.id, 30.0)
+    assert before + timedelta(seconds=30) <= changed.fire_at <= db_now() + timedelta(seconds=30)
+    assert attempts(job) == [(1, "dispatched")]  # the due occurrence still fired, once
+    action, replaced = upsert(build_job(noop, countdown=60, key="beat:poll"))
+    assert action == "updated" and replaced.id != job.id and replaced.schedule_type == "once"
+    assert state(job.id)["status"] == "cancelled"
