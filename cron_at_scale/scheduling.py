@@ -39,7 +39,7 @@ from .validation import (
     MAX_INT_BITS,
     MAX_JSON_DEPTH,
     OPTIONS,
-    RESCHEDULE_ARGUMENTS,
+    check_changes,
     check_json,
     check_option,
     check_policy,
@@ -326,18 +326,7 @@ def reschedule(job_or_key: Any, **changes: Any) -> Job:
 def changed_job(job: Job, changes: Mapping[str, Any]) -> Job:
     """The unsaved, validated job ``job`` becomes with ``changes`` (``reschedule()``'s arguments);
     writes nothing. Raises ``ValidationError`` naming the argument at fault."""
-    refuse_private(changes)
-    for name in changes:
-        if name not in RESCHEDULE_ARGUMENTS and name not in OPTIONS:
-            raise ValidationError(name, f"unknown argument; reschedule() takes "
-                                        f"{', '.join(RESCHEDULE_ARGUMENTS + sorted(OPTIONS))}")
-    if job.schedule_type != ScheduleType.ONCE:
-        cron_after = changes.get("cron") is not None or (
-            changes.get("every") is None and job.schedule_type == ScheduleType.CRON)
-        for name in ("countdown", "at") if cron_after else ("countdown",):
-            if changes.get(name) is not None:
-                raise ValidationError(name, f"does not apply to a {'cron' if cron_after else 'recurring'} job "
-                                            "(an interval job takes at=, its first occurrence)")
+    check_changes(job.schedule_type, changes)
     return build_job(changes.get("task", job.task), _db_now=db_now(), _registered={job.task},
                      **_merged_spec(job, changes))
 

@@ -123,6 +123,22 @@ def refuse_private(spec: Mapping[str, Any]) -> None:
             raise ValidationError(name, "unknown argument")
 
 
+def check_changes(schedule_type: str, changes: Mapping[str, Any]) -> None:
+    """The argument names of ``reschedule()`` for a job of ``schedule_type``; their values are
+    checked with the job they make (``build_job``)."""
+    refuse_private(changes)
+    for name in changes:
+        if name not in RESCHEDULE_ARGUMENTS and name not in OPTIONS:
+            raise ValidationError(name, f"unknown argument; reschedule() takes "
+                                        f"{', '.join(RESCHEDULE_ARGUMENTS + sorted(OPTIONS))}")
+    if schedule_type != "once":
+        cron_after = changes.get("cron") is not None or (changes.get("every") is None and schedule_type == "cron")
+        for name in ("countdown", "at") if cron_after else ("countdown",):
+            if changes.get(name) is not None:
+                raise ValidationError(name, f"does not apply to a {'cron' if cron_after else 'recurring'} job "
+                                            "(an interval job takes at=, its first occurrence)")
+
+
 def check_option(opt: str, value: Any) -> None:
     if opt == "priority" and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255):
         raise ValidationError(opt, f"must be an integer from 0 to 255, got {show(value, 40)}")
