@@ -68,3 +68,23 @@ def test_every_second_to_every_two_seconds_while_a_run_is_in_flight(system, tmp_
     # No gap in the ledger longer than the old one plus the new interval (plus latency): nothing lost.
     times = [t for _, t in runs]
     assert max(b - a for a, b in zip(times, times[1:])) < 3.8
+
+
+@pytest.mark.parametrize("missed", ["skip", "latest", "all"])
+def test_resume_with_a_choice_runs_what_it_says_without_waiting_for_a_dispatcher(system, tmp_path, missed):
+    from helpers import sql
+
+    ledger = tmp_path / "ledger.txt"
+    system.worker("w1", concurrency=2)  # no dispatcher: the runs resume() fires, it publishes itself
+    wait_for_workers(system.app, ["w1"])
+    job = cron_at_scale.schedule("demo.tasks.ledger", cron="* * * * *", overlap="allow", catchup_window=600,
+                                 kwargs={"path": str(ledger)})
+    assert cron_at_scale.pause(job.id)
+    sql("UPDATE cron_at_scale_job SET fire_at = fire_at - interval '4 minutes', "
+        "occurrence_at = occurrence_at - interval '4 minutes' WHERE id = %s", [job.id])  # four fell due
+    assert cron_at_scale.resume(job.id, missed=missed)
+    want = {"skip": 0, "latest": 1, "all": 4}[missed]
+    wait_until(lambda: len(ledger_runs(ledger)) >= want, timeout=30, what=f"{want} runs")
+    time.sleep(1.0)  # and no more
+    assert len(ledger_runs(ledger)) == want
+    assert Job.objects.get(id=job.id).missed_occurrences == 4 - want
