@@ -76,6 +76,14 @@ def test_an_interval_becomes_a_cron_job_and_back():
     assert before + timedelta(seconds=30) <= as_interval.fire_at <= db_now() + timedelta(seconds=30)
 
 
+def test_an_interval_restarts_at_a_given_first_occurrence_and_the_task_can_change():
+    job = cron_at_scale.schedule(noop, every=60)
+    start_at = db_now() + timedelta(hours=2)
+    changed = cron_at_scale.reschedule(job, every=10, at=start_at, task="demo.tasks.record")
+    assert (changed.fire_at, changed.occurrence_at, changed.interval) == (start_at, start_at, 10.0)
+    assert changed.task == "demo.tasks.record"
+
+
 @pytest.mark.parametrize(("changes", "field"), [
     (dict(cron="61 * * * *"), "cron"),
     (dict(cron="0 4 * * *", every=5), "every"),
