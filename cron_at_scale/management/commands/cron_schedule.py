@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 import cron_at_scale
-from cron_at_scale import ValidationError
+from cron_at_scale import KeyConflict, ValidationError
 
 from ._cliutil import aware_datetime, json_of, seconds
 
@@ -63,6 +63,8 @@ class Command(BaseCommand):
                 spec[name] = opts[name]
         try:
             job = cron_at_scale.schedule(opts["task"], update=opts["update"], **spec)
+        except KeyConflict as e:
+            raise CommandError(f"{e} (here: --update)") from None
         except ValidationError as e:
             raise CommandError(str(e)) from None
         except DatabaseError as e:
