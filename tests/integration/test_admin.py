@@ -140,7 +140,10 @@ def test_run_now_requeue_pause_resume(superuser_client):
     act("pause_jobs", recurring, once)
     assert (Job.objects.get(id=recurring.id).status, Job.objects.get(id=once.id).status) == ("paused", "pending")
     assert "paused in the admin by root" in Job.objects.get(id=recurring.id).pause_note
-    act("resume_jobs", recurring)
+    act("resume_jobs", recurring)  # asks what to do with the missed occurrences first
+    assert Job.objects.get(id=recurring.id).status == "paused"
+    superuser_client.post(URL, {"action": "resume_jobs", "_selected_action": [str(recurring.id)], "post": "yes",
+                                "missed": ""})
     assert Job.objects.get(id=recurring.id).status == "pending"
 
 
