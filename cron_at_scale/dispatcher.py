@@ -19,7 +19,7 @@ from datetime import timedelta
 from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError, transaction
 
-from . import conf, db, failpoints, metrics, retention
+from . import conf, db, expiry, failpoints, metrics, retention
 from .celery_app import get_app, refuse_pickle
 from .identity import process_name
 from .publish import Claimed, Publisher, Sender
@@ -108,6 +108,8 @@ class Dispatcher:
                 recurring = [r for r in rows if r.schedule_type != "once"]
                 if recurring:
                     runs += self._advance(recurring)
+                if rows:  # runs already past their expiry are recorded skipped, not published
+                    runs = expiry.drop_expired(runs, rows[0].db_now)
             return runs
 
     def _advance(self, rows) -> list[Claimed]:
