@@ -265,7 +265,7 @@ WITH done AS (
     WHERE j.id = ANY(ARRAY(SELECT job_id FROM started WHERE expired))
 )
 SELECT outcome, scheduled_at, schedule_type, cancel_requested, retries, max_retries, options, started_at,
-       created_at, attempt, error
+       created_at, error, attempt
 FROM started;
 
 -- name: finish_attempt :prepared

@@ -372,9 +372,9 @@ JUNK = ["", " ", "-", "--", "-1", "0", "1", "1.5", "nan", "-inf", "1e9", "1e-300
         "some", "-h", "--help", "--version", "--settings", "--traceback", "--pythonpath", "--no-color", "-v", "3"]
 FLAGS = {
     "cron_schedule": ["--args", "--kwargs", "--at", "--countdown", "--cron", "--every", "--tz", "--queue", "--key",
-                      "--max-retries"],
+                      "--max-retries", "--expires"],
     "cron_cancel": [],
-    "cron_requeue": ["--task", "--queue", "--failed-after", "--failed-before", "--all"],
+    "cron_requeue": ["--task", "--queue", "--failed-after", "--failed-before", "--all-failed", "--all"],
     "cron_status": ["--json", "--behind-after", "--window", "--fail-if-behind"],
     "cron_purge": ["--older-than", "--batch-size", "--dry-run"],
     "cron_dispatcher": ["--batch-size", "--poll-interval", "--lease", "--name", "--shards", "--max-seconds"],
