@@ -61,3 +61,32 @@ def test_runs_queued_past_their_expiry_while_workers_are_down_are_skipped_not_ru
     assert len(expired) >= queued - 2  # the outage's runs (the last one or two may still have been fresh)
     assert Job.objects.get(id=job.id).expired_runs == len(expired)
     assert not {n for _j, n in ran} & {a.attempt for a in expired}, "an expired run executed"
+
+
+def test_the_broker_message_carries_no_celery_expires(broker, transactional_db):
+    """Expiry is judged by the start statement on the database clock. With Celery's own ``expires``
+    in the message a worker would drop it by its own clock before the attempt log heard of it: the
+    attempt would be reaped as lost and fired again, instead of recorded skipped."""
+    from cron_at_scale.dispatcher import Dispatcher
+    from cron_at_scale.publish import Publisher
+
+    conn = broker.connection_for_write()
+    if conn.transport.driver_type != "redis":
+        conn.release()
+        pytest.skip("reads the message from a Redis list")
+    client = conn.default_channel.client
+    job = cron_at_scale.schedule("demo.tasks.record", expires=30)
+    batch = Dispatcher(name="t").claim()
+    publisher = Publisher(broker)
+    try:
+        publisher._send_tasks(batch)  # kombu's own path
+        publisher.publish(batch)  # the fast path
+        messages = [json.loads(m) for m in client.lrange("celery", 0, -1)]
+    finally:
+        client.delete("celery")
+        publisher.close()
+        conn.release()
+    assert len(messages) == 2
+    for m in messages:
+        assert m["headers"]["id"] == f"{job.id}:1"
+        assert m["headers"]["expires"] is None
