@@ -84,9 +84,12 @@ def from_datetime(value: datetime, fire_at: datetime, recurring: bool) -> float:
 
 
 def seconds_of(options: dict | None) -> float | None:
-    """The job's expiry window in seconds, or None when it has none."""
+    """The job's expiry window in seconds, or None when it has none (or, edited by hand, not a number:
+    the start statement ignores it too)."""
     value = (options or {}).get(FIELD)
-    return None if value is None else float(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
 
 
 def is_expired(options: dict | None, scheduled_at: datetime, db_now: datetime) -> bool:

@@ -214,7 +214,10 @@ WITH done AS (
                                  WHERE x.job_id = r.job_id AND x.attempt > r.attempt AND x.attempt < t.attempt
                                    AND x.started_at IS NOT NULL
                                    AND (rj.schedule_type = 'once' OR x.scheduled_at = r.scheduled_at))
-               ORDER BY t.attempt LIMIT 1) END AS id
+               ORDER BY t.attempt LIMIT 1) END AS id,
+           -- the job's expiry (options.expires, a JSON number), none for a job this statement completes
+           CASE WHEN jsonb_typeof(rj.options->'expires') = 'number' AND rj.id <> ALL(ARRAY(SELECT id FROM completed))
+                THEN make_interval(secs => (rj.options->>'expires')::float8) END AS expiry
     FROM cron_at_scale_jobattempt AS r, cron_at_scale_job AS rj
     WHERE r.job_id = %(job_id)s AND r.attempt = %(attempt)s AND rj.id = %(job_id)s
       AND (r.outcome = 'dispatched' OR (r.outcome = 'lost' AND r.started_at IS NULL)
@@ -225,22 +228,16 @@ WITH done AS (
         outcome = CASE WHEN a.outcome = 'running' THEN 'running'
                        WHEN j.status = 'cancelled' THEN 'cancelled'
                        WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'
-                       WHEN statement_timestamp() > a.scheduled_at + make_interval(
-                                secs => (j.options->>'expires')::float8)
-                            AND j.id <> ALL(ARRAY(SELECT id FROM completed)) THEN 'skipped'
+                       WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target) THEN 'skipped'
                        ELSE 'running' END,
         finished_at = CASE WHEN a.outcome = 'dispatched'
                             AND (j.status = 'cancelled' OR (j.schedule_type = 'once' AND j.status = 'completed')
-                                 OR (statement_timestamp() > a.scheduled_at + make_interval(
-                                         secs => (j.options->>'expires')::float8)
-                                     AND j.id <> ALL(ARRAY(SELECT id FROM completed))))
+                                 OR statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target))
                            THEN statement_timestamp() END,
         error = CASE WHEN a.outcome <> 'dispatched' OR j.status = 'cancelled' THEN a.error
                      WHEN j.schedule_type = 'once' AND j.status = 'completed'
                      THEN 'not run: an earlier attempt of this job succeeded'
-                     WHEN statement_timestamp() > a.scheduled_at + make_interval(
-                              secs => (j.options->>'expires')::float8)
-                          AND j.id <> ALL(ARRAY(SELECT id FROM completed))
+                     WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target)
                      THEN 'expired: not started within ' || trim_scale((j.options->>'expires')::numeric)
                           || ' s of its occurrence'
                      ELSE a.error END,
@@ -252,15 +249,15 @@ WITH done AS (
       AND (a.outcome = 'dispatched' OR (a.outcome = 'running' AND a.run_token = %(token)s)) AND j.id = a.job_id
     RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retries, j.max_retries, j.options,
               a.started_at, j.created_at, a.attempt, a.job_id, a.error,
-              a.outcome = 'skipped' AND a.error LIKE 'expired:%%' AS expired
+              a.outcome = 'skipped' AND a.error LIKE 'expired:%%' AS expired,
+              -- a one-off job still on this attempt ends with it
+              j.schedule_type = 'once' AND j.status = 'in_progress' AND j.attempts = a.attempt AS ends
 ), expired AS (
     UPDATE cron_at_scale_job AS j
     SET expired_runs = j.expired_runs + 1,
-        status = CASE WHEN j.schedule_type = 'once' AND j.status = 'in_progress'
-                           AND j.attempts = (SELECT attempt FROM started) THEN 'cancelled' ELSE j.status END,
-        locked_by = CASE WHEN j.schedule_type = 'once' AND j.status = 'in_progress' THEN '' ELSE j.locked_by END,
-        locked_until = CASE WHEN j.schedule_type = 'once' AND j.status = 'in_progress'
-                            THEN NULL ELSE j.locked_until END,
+        status = CASE WHEN (SELECT ends FROM started) THEN 'cancelled' ELSE j.status END,
+        locked_by = CASE WHEN (SELECT ends FROM started) THEN '' ELSE j.locked_by END,
+        locked_until = CASE WHEN (SELECT ends FROM started) THEN NULL ELSE j.locked_until END,
         updated_at = statement_timestamp()
     WHERE j.id = ANY(ARRAY(SELECT job_id FROM started WHERE expired))
 )

@@ -136,3 +136,12 @@ def test_a_lost_run_past_its_expiry_is_not_fired_again(dispatcher):
     assert (o.status, o.expired_runs) == ("cancelled", 1)
     assert list(JobAttempt.objects.filter(job_id=once.id).order_by("attempt").values_list("outcome", flat=True)) \
         == ["lost", "skipped"]
+
+
+def test_an_expires_edited_by_hand_into_a_non_number_is_ignored_not_a_crash(dispatcher):
+    job = cron_at_scale.schedule(noop, expires=1)
+    Job.objects.filter(id=job.id).update(options={"expires": "soon"})  # written by hand, past validation
+    (run,) = dispatcher.claim()
+    age_attempts(60)
+    assert start(run).outcome == "running"
+    assert Job.objects.get(id=job.id).expired_runs == 0
