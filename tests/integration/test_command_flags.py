@@ -53,3 +53,8 @@ def test_cron_schedule_expires():
     out = io.StringIO()
     call_command("cron_schedule", "demo.tasks.noop", "--countdown", "60", "--expires", "30", stdout=out)
     assert Job.objects.get(id=out.getvalue().strip()).options == {"expires": 30}
+
+
+def test_cron_dispatcher_names_lease_as_its_flag():
+    text = error_of("cron_dispatcher", "--lease", "0.5", "--max-seconds", "1")  # LOOKAHEAD is 1 s by default
+    assert "--lease (0.5s)" in text and "DISPATCH_LEASE" not in text, text
