@@ -443,6 +443,28 @@ SET status = 'pending', pause_note = '', updated_at = statement_timestamp()
 WHERE id = %(job_id)s AND status = 'paused'
 RETURNING id;
 
+-- name: lock_job
+-- A job row locked for a change (reschedule, resume with missed=): a claim holding it
+-- commits first, a later claim skips it (SKIP LOCKED) until this transaction ends, so
+-- no claim sees it half changed. The columns the claim returns (db_now: read after the
+-- lock, by db_now), so that the change can move it on as a claim would (advance_recurring).
+SELECT id, attempts, fire_at, schedule_type, cron_expr, timezone, task, payload, queue, options, interval,
+       occurrence_at, catchup, catchup_window, overlap, jitter, buffered_at, status,
+       NULL::timestamptz AS db_now
+FROM cron_at_scale_job
+WHERE id = %(job_id)s
+FOR UPDATE;
+
+-- name: supersede_held_runs
+-- A rescheduled job's runs claimed ahead of their time (within the look-ahead) and not
+-- started: occurrences of the old schedule after the change. They end 'skipped'; their
+-- messages, sent at their time, find no 'dispatched' attempt and are not run
+-- (start_attempt). A run already started goes on under its own number.
+UPDATE cron_at_scale_jobattempt
+SET outcome = 'skipped', finished_at = statement_timestamp(), error = 'not run: the job was rescheduled'
+WHERE job_id = %(job_id)s AND finished_at IS NULL AND outcome = 'dispatched' AND scheduled_at > %(now)s
+RETURNING attempt;
+
 -- name: heartbeat_dispatcher
 -- A dispatcher says it is alive (and which shards it holds); returns how many are alive.
 WITH me AS (
