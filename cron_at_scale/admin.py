@@ -249,7 +249,7 @@ class JobAdmin(admin.ModelAdmin):
     fieldsets = (
         (None, {"fields": ("id", "task", "status", "schedule", "fire_at", "key", "queue", "payload", "options")}),
         ("Attempts", {"fields": ("attempt_history",)}),
-        ("Retries", {"fields": ("retries", "max_retries", "attempts", "lost_attempts")}),
+        ("Retries", {"fields": ("retries", "max_retries", "attempts", "lost_attempts", "expired_runs")}),
         ("Lease", {"fields": ("locked_by", "locked_until", "cancel_requested")}),
         ("Recurring", {"classes": ("collapse",), "fields": (
             "occurrence_at", "next_fires", "catchup", "catchup_window", "overlap", "jitter", "buffered_at",

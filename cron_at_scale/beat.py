@@ -23,10 +23,18 @@ Mapping of a ``beat_schedule`` entry to a job keyed ``beat:<entry name>``:
 * ``timedelta``, a number of seconds, or ``celery.schedules.schedule`` ->
   ``every=`` seconds (first run one interval after the sync, as beat does;
   ``relative=True`` is ignored).
-* ``solar`` and any other schedule class: not supported (logged, skipped).
-* ``args``, ``kwargs`` (JSON), ``options["queue"]`` and ``options["priority"]``
-  carry over; other options (``expires``, ``exchange``, ``routing_key``,
-  ``headers``...) are ignored with a warning. The task name must be registered.
+* ``solar`` and any other schedule class (a custom ``schedule`` subclass):
+  not supported; listed in the sync's summary, by ``manage.py check``
+  (``cron_at_scale.W006``) and by ``cron_status``, nothing written.
+* ``args``, ``kwargs`` (JSON), ``options["queue"]``, ``options["priority"]``
+  and ``expires`` (in ``options`` or on the entry; seconds: a run not started
+  that long after its occurrence is skipped and counted, see
+  :mod:`cron_at_scale.expiry`) carry over; other options (``exchange``,
+  ``routing_key``, ``headers``...) are ignored with a warning. The task name
+  must be registered.
+* A crontab whose fire times differ from Celery beat's across a DST
+  transition within two years (:mod:`cron_at_scale.dst`) is reported once,
+  when its job is created or its expression or zone changes (``SyncReport.dst``).
 * Jobs get ``overlap="allow"`` (beat publishes whether or not the previous run
   finished) and the default catch-up (one run for the latest missed occurrence
   within five minutes, which is what a restarted beat does).
@@ -55,10 +63,11 @@ from celery import beat as celery_beat
 from celery import schedules
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
 
+from . import dst
 from .control import DEFINITION_FIELDS, apply_change, cancel
 from .exceptions import ValidationError
 from .models import LIVE_STATUSES, Job, ScheduleType, Status
-from .scheduling import build_job, pause
+from .scheduling import build_job, db_now, pause
 
 if TYPE_CHECKING:
     from .dispatcher import Dispatcher
@@ -68,7 +77,7 @@ log = logging.getLogger(__name__)
 KEY_PREFIX = "beat:"
 REMOVED_NOTE = "removed from beat_schedule"
 # Publish options a job can carry; anything else in an entry's options is ignored (with a warning).
-CARRIED_OPTIONS = ("queue", "priority")
+CARRIED_OPTIONS = ("queue", "priority", "expires")
 # What makes two jobs "the same" (compared on every sync): cron_at_scale.control.DEFINITION_FIELDS.
 COMPARED_FIELDS = DEFINITION_FIELDS
 
@@ -85,7 +94,9 @@ class SyncReport:
     ``cron_import_beat``: source rows set ``enabled=False``).
     ``unsupported``: ``(name, reason)`` of entries not mapped (nothing written
     for them). ``warnings``: ``(name, text)`` of entries mapped with
-    something ignored.
+    something ignored. ``dst``: ``(name, text)`` of crontab entries whose
+    fire times differ from Celery beat's across DST, reported by the sync that
+    created the job or changed its expression or zone (not again).
     """
 
     created: list[str] = field(default_factory=list)
@@ -94,10 +105,18 @@ class SyncReport:
     disabled: list[str] = field(default_factory=list)
     unsupported: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[tuple[str, str]] = field(default_factory=list)
+    dst: list[tuple[str, str]] = field(default_factory=list)
 
     def summary(self) -> str:
-        return (f"{len(self.created)} created, {len(self.updated)} updated, {len(self.unchanged)} unchanged, "
+        """One line: the counts, then the names of entries not mapped (they do not run) and of
+        entries whose DST meaning differs from Celery beat's."""
+        text = (f"{len(self.created)} created, {len(self.updated)} updated, {len(self.unchanged)} unchanged, "
                 f"{len(self.disabled)} disabled, {len(self.unsupported)} not mapped")
+        if self.unsupported:
+            text += " (NOT RUNNING: " + "; ".join(f"{name}: {why}" for name, why in self.unsupported) + ")"
+        if self.dst:
+            text += f"; DST differs from Celery beat for {len(self.dst)}: " + ", ".join(n for n, _ in self.dst)
+        return text
 
 
 # -- schedules ------------------------------------------------------------------------------
@@ -180,7 +199,9 @@ def schedule_spec(sched: Any, app=None) -> dict[str, Any]:
         return {"cron": expr, "tz": tz}
     if type(sched) is schedules.schedule:
         return {"every": sched.run_every.total_seconds()}
-    raise Unmappable(f"schedule type {type(sched).__name__} is not supported (crontab and intervals are)")
+    raise Unmappable(f"schedule class {type(sched).__module__}.{type(sched).__qualname__} is not supported: "
+                     "express it as a crontab, a timedelta or seconds (or schedule(cron=...) / every=), "
+                     "see docs/from-celery-beat.md")
 
 
 def entry_spec(entry: Mapping[str, Any], app=None) -> tuple[dict[str, Any], list[str]]:
@@ -194,6 +215,8 @@ def entry_spec(entry: Mapping[str, Any], app=None) -> tuple[dict[str, Any], list
     if spec is None:
         raise Unmappable("the entry has no 'schedule'")
     options = dict(entry.get("options") or {})
+    if entry.get("expires") is not None and options.get("expires") is None:
+        options["expires"] = entry["expires"]  # on the entry itself, as some projects write it
     ignored = sorted(set(options) - set(CARRIED_OPTIONS))
     warnings = [f"ignored options: {', '.join(ignored)}"] if ignored else []
     if entry.get("relative"):
@@ -206,7 +229,22 @@ def entry_spec(entry: Mapping[str, Any], app=None) -> tuple[dict[str, Any], list
         spec["queue"] = options["queue"]
     if options.get("priority") is not None:
         spec["priority"] = options["priority"]
+    if options.get("expires") is not None:
+        spec["expires"] = options["expires"]  # validated by build_job (seconds; a datetime is refused)
     return spec, warnings
+
+
+def unmapped(beat_schedule: Mapping[str, Any] | None, app=None) -> list[tuple[str, str]]:
+    """``(name, reason)`` of the ``beat_schedule`` entries :func:`entry_spec` cannot map (a custom
+    schedule class, solar, the day rule): they would not run under the drop-in. No database access;
+    task names and argument values are checked by the sync itself."""
+    out = []
+    for name, entry in (beat_schedule or {}).items():
+        try:
+            entry_spec(entry, app)
+        except (Unmappable, ValueError, TypeError) as e:
+            out.append((str(name), str(e)))
+    return out
 
 
 # -- writing jobs ---------------------------------------------------------------------------
@@ -270,6 +308,7 @@ def sync_beat_schedule(beat_schedule: Mapping[str, Any], *, app=None) -> SyncRep
     """
     report = SyncReport()
     kept: set[str] = set()
+    now = None
     for name, entry in beat_schedule.items():
         key = f"{KEY_PREFIX}{name}"
         try:
@@ -277,11 +316,19 @@ def sync_beat_schedule(beat_schedule: Mapping[str, Any], *, app=None) -> SyncRep
             new = build_job(spec.pop("task"), key=key, **spec)
         except (Unmappable, ValidationError, ValueError, TypeError) as e:
             report.unsupported.append((name, str(e)))
-            log.error("beat_schedule entry %r not synced: %s", name, e)
+            log.error("beat_schedule entry %r not synced, it will NOT run: %s", name, e)
             continue
         report.warnings += [(name, w) for w in warnings]
         for w in warnings:
             log.warning("beat_schedule entry %r: %s", name, w)
+        if new.cron_expr:  # DST: reported once, by the sync that creates the job or changes its expression/zone
+            before = Job.objects.filter(key=key, status__in=LIVE_STATUSES).values_list("cron_expr", "timezone").first()
+            if before != (new.cron_expr, new.timezone):
+                now = now or db_now()
+                note = dst.summary(new.cron_expr, new.timezone, now)
+                if note:
+                    report.dst.append((name, note))
+                    log.warning("beat_schedule entry %r: %s", name, note)
         action, _job = upsert(new, resume_note=REMOVED_NOTE)
         getattr(report, action).append(name)
         kept.add(key)
@@ -340,7 +387,9 @@ class Scheduler(celery_beat.Scheduler):
 
         entries = {**self._default_entries(), **(self.app.conf.beat_schedule or {})}
         self.report = sync_beat_schedule(entries, app=self.app)
-        log.info("beat_schedule synced to jobs: %s", self.report.summary())
+        # entries not mapped do not run: said at ERROR, where operators look
+        log.log(logging.ERROR if self.report.unsupported else logging.INFO, "beat_schedule synced to jobs: %s",
+                self.report.summary())
         self.dispatcher = Dispatcher(app=self.app)
 
     def tick(self, *args, **kwargs) -> float:
@@ -380,4 +429,5 @@ class Scheduler(celery_beat.Scheduler):
         return "    . scheduler -> cron_at_scale dispatcher (jobs in PostgreSQL)"
 
 
-__all__ = ["Scheduler", "SyncReport", "Unmappable", "crontab_to_cron", "schedule_spec", "sync_beat_schedule", "upsert"]
+__all__ = ["Scheduler", "SyncReport", "Unmappable", "crontab_to_cron", "schedule_spec", "sync_beat_schedule",
+           "unmapped", "upsert"]

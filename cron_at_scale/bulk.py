@@ -312,7 +312,7 @@ class _Reader:
 
 _JOB_DEFAULTS = {"status": _PENDING, "retries": 0, "attempts": 0, "lost_attempts": 0,
                  "cancel_requested": False, "locked_by": "", "locked_until": None, "key": None, "buffered_at": None,
-                 "missed_occurrences": 0, "skipped_occurrences": 0, "pause_note": ""}
+                 "missed_occurrences": 0, "skipped_occurrences": 0, "expired_runs": 0, "pause_note": ""}
 _ONE_OFF_DEFAULTS = {**_JOB_DEFAULTS, **dict(zip(_RECURRENCE_FIELDS, _ONE_OFF))}
 
 

@@ -11,7 +11,10 @@ lease; ``W002`` Django reconnecting to PostgreSQL on every task; ``W003`` a
 run lease not longer than two heartbeats; ``W004`` PostgreSQL without the
 durability an attempt's start relies on (``manage.py check --database default``);
 ``W005`` a task's retry options that contradict each other (``retry_backoff``
-above ``retry_backoff_max``: every delay is the cap).
+above ``retry_backoff_max``: every delay is the cap); ``W006`` a
+``beat_schedule`` entry the beat drop-in (``cron_at_scale.beat:Scheduler``)
+cannot map, named (a custom schedule class, solar, Celery's day rule): under
+the drop-in it does not run.
 """
 
 from __future__ import annotations
@@ -143,3 +146,25 @@ def check_retry_options(app_configs=None, **kwargs):
                                "(Celery reads them the same way; see docs/settings.md, Retries).",
                                id="cron_at_scale.W005"))
     return out
+
+
+@register()
+def check_beat_schedule(app_configs=None, **kwargs):
+    """cron_at_scale.W006: each ``beat_schedule`` entry the beat drop-in would not run, by name."""
+    from .beat import unmapped
+    from .celery_app import get_app
+
+    if conf.problems():
+        return []
+    try:
+        app = get_app()
+        entries = app.conf.beat_schedule
+    except Exception:  # noqa: BLE001 (E003 reports an app that does not load)
+        return []
+    return [Warning(f"beat_schedule entry {name!r} cannot be mapped to a job: {why}. Under "
+                    "'celery beat -S cron_at_scale.beat:Scheduler' it does not run.",
+                    hint="Express it as a crontab, a timedelta or seconds, or schedule it with "
+                         "cron_at_scale.schedule(cron=...) (docs/from-celery-beat.md). If you do not run the "
+                         "drop-in, add cron_at_scale.W006 to SILENCED_SYSTEM_CHECKS.",
+                    id="cron_at_scale.W006")
+            for name, why in unmapped(entries, app)]

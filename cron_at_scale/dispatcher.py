@@ -17,7 +17,7 @@ import time
 from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError, transaction
 
-from . import conf, db, failpoints, history, metrics, retention
+from . import conf, db, expiry, failpoints, history, metrics, retention
 from .advance import advance
 from .celery_app import get_app, refuse_pickle
 from .identity import process_name
@@ -109,6 +109,8 @@ class Dispatcher:
                 recurring = [r for r in rows if r.schedule_type != "once"]
                 if recurring:
                     runs += self._advance(recurring)
+                if rows:  # runs already past their expiry are recorded skipped, not published
+                    runs = expiry.drop_expired(runs, rows[0].db_now)
             return runs
 
     def _advance(self, rows) -> list[Claimed]:

@@ -52,7 +52,8 @@ class Outcome(models.TextChoices):
     FAILED = "failed"  # raised; the job failed (no retry left)
     RETRIED = "retried"  # raised; the job was put back to pending with a backoff
     CANCELLED = "cancelled"  # the job was cancelled before or while this attempt ran
-    SKIPPED = "skipped"  # not run: the previous run was unfinished (overlap skip), or its job already completed
+    SKIPPED = "skipped"  # not run: the previous run was unfinished (overlap skip), its job already completed,
+    # or it expired (not started within the job's ``expires`` seconds; the error says so)
     LOST = "lost"  # lease expired with nobody finishing it (dead worker, lost message)
 
 
@@ -104,6 +105,9 @@ class Job(models.Model):
     buffered_at = models.DateTimeField(null=True, blank=True, help_text="An occurrence waiting for the running one.")
     missed_occurrences = models.PositiveIntegerField(db_default=0)
     skipped_occurrences = models.PositiveIntegerField(db_default=0)
+    # Runs skipped because they were not started within options["expires"] seconds of their
+    # scheduled time (cron_at_scale.expiry). No CHECK: adding one would scan the table under lock.
+    expired_runs = models.IntegerField(db_default=0)
     pause_note = models.TextField(blank=True, db_default="")
     # "Has it run?" (cron_at_scale.overdue): NULL grace is the OVERDUE_GRACE setting's.
     grace = models.FloatField(null=True, blank=True, help_text="Seconds an occurrence may go without a success "

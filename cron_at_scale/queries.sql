@@ -123,6 +123,31 @@ SELECT r.job_id, r.attempt, r.scheduled_at, statement_timestamp(),
 FROM unnest(%(a_job_ids)s::uuid[], %(a_attempts)s::int[], %(a_scheduled)s::timestamptz[], %(a_outcomes)s::text[])
      AS r(job_id, attempt, scheduled_at, outcome);
 
+-- name: expire_runs
+-- Runs a dispatcher just claimed (one-off jobs) or logged (recurring ones) that
+-- are already past their job's options.expires (cron_at_scale.expiry): not
+-- published; recorded as skipped, counted in expired_runs; a one-off job ends
+-- cancelled. In the claim's transaction, only when there are such runs.
+WITH a AS (
+    UPDATE cron_at_scale_jobattempt AS a
+    SET outcome = 'skipped', finished_at = statement_timestamp(), locked_until = NULL,
+        error = 'expired: not started within ' || trim_scale((j.options->>'expires')::numeric)
+                || ' s of its occurrence'
+    FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[]) AS r(job_id, attempt), cron_at_scale_job AS j
+    WHERE a.job_id = r.job_id AND a.attempt = r.attempt AND a.outcome = 'dispatched' AND j.id = r.job_id
+    RETURNING a.job_id, a.attempt
+), n AS (
+    SELECT job_id, count(*) AS runs, max(attempt) AS last FROM a GROUP BY job_id
+)
+UPDATE cron_at_scale_job AS j
+SET expired_runs = j.expired_runs + n.runs,
+    status = CASE WHEN j.schedule_type = 'once' AND j.attempts = n.last THEN 'cancelled' ELSE j.status END,
+    locked_by = CASE WHEN j.schedule_type = 'once' THEN '' ELSE j.locked_by END,
+    locked_until = CASE WHEN j.schedule_type = 'once' THEN NULL ELSE j.locked_until END,
+    updated_at = statement_timestamp()
+FROM n
+WHERE j.id = n.job_id;
+
 -- name: start_attempt :prepared
 -- A worker starts an attempt, and writes the succeeded attempts its process
 -- handed over since its last write: one statement, one round trip per task.
@@ -133,6 +158,12 @@ FROM unnest(%(a_job_ids)s::uuid[], %(a_attempts)s::int[], %(a_scheduled)s::times
 -- succeeded after all) is recorded as a skipped attempt and not run.
 -- The process's writer thread runs this with job_id NULL (starts nothing)
 -- when no task follows within a few ms.
+-- A run not started within its job's options.expires seconds of its scheduled
+-- time is recorded as a skipped attempt ('expired: ...') and not run; the job
+-- counts it in expired_runs and, if one-off, ends cancelled (Celery revokes an
+-- expired task: it never ran). Only the winning start counts it (the job update
+-- reads the attempt update's own RETURNING), and never for a job completed by
+-- this same statement (one row is not updated twice in one statement).
 -- The succeeded attempts: closed, and their one-off job completed, also when
 -- the attempt's lease had run out and the job fired again (a success is never
 -- discarded); an attempt whose job was cancelled meanwhile ends 'cancelled'.
@@ -189,6 +220,7 @@ WITH done AS (
         -- whichever attempt succeeded: a re-fired, retrying or lost-count-failed job is done
         (j.schedule_type = 'once' AND j.status IN ('in_progress', 'pending', 'failed'))
         OR j.schedule_type <> 'once')
+    RETURNING j.id
 ), target AS (
     -- The attempt to start: the message's own if still 'dispatched'. If it was marked
     -- lost before any worker started it (its dispatch lease ran out while it waited in
@@ -204,31 +236,56 @@ WITH done AS (
                                  WHERE x.job_id = r.job_id AND x.attempt > r.attempt AND x.attempt < t.attempt
                                    AND x.started_at IS NOT NULL
                                    AND (rj.schedule_type = 'once' OR x.scheduled_at = r.scheduled_at))
-               ORDER BY t.attempt LIMIT 1) END AS id
+               ORDER BY t.attempt LIMIT 1) END AS id,
+           -- the job's expiry (options.expires, a JSON number), none for a job this statement completes
+           CASE WHEN jsonb_typeof(rj.options->'expires') = 'number' AND rj.id <> ALL(ARRAY(SELECT id FROM completed))
+                THEN make_interval(secs => (rj.options->>'expires')::float8) END AS expiry
     FROM cron_at_scale_jobattempt AS r, cron_at_scale_job AS rj
     WHERE r.job_id = %(job_id)s AND r.attempt = %(attempt)s AND rj.id = %(job_id)s
       AND (r.outcome = 'dispatched' OR (r.outcome = 'lost' AND r.started_at IS NULL)
            OR (r.outcome = 'running' AND r.run_token = %(token)s))
+), started AS (
+    UPDATE cron_at_scale_jobattempt AS a
+    SET started_at = COALESCE(a.started_at, statement_timestamp()),
+        outcome = CASE WHEN a.outcome = 'running' THEN 'running'
+                       WHEN j.status = 'cancelled' THEN 'cancelled'
+                       WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'
+                       WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target) THEN 'skipped'
+                       ELSE 'running' END,
+        finished_at = CASE WHEN a.outcome = 'dispatched'
+                            AND (j.status = 'cancelled' OR (j.schedule_type = 'once' AND j.status = 'completed')
+                                 OR statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target))
+                           THEN statement_timestamp() END,
+        error = CASE WHEN a.outcome <> 'dispatched' OR j.status = 'cancelled' THEN a.error
+                     WHEN j.schedule_type = 'once' AND j.status = 'completed'
+                     THEN 'not run: an earlier attempt of this job succeeded'
+                     WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target)
+                     THEN 'expired: not started within ' || trim_scale((j.options->>'expires')::numeric)
+                          || ' s of its occurrence'
+                     ELSE a.error END,
+        worker = %(worker)s,
+        run_token = %(token)s,
+        locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
+    FROM cron_at_scale_job AS j
+    WHERE a.id = (SELECT id FROM target)
+      AND (a.outcome = 'dispatched' OR (a.outcome = 'running' AND a.run_token = %(token)s)) AND j.id = a.job_id
+    RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retries, j.max_retries, j.options,
+              a.started_at, j.created_at, a.attempt, a.job_id, a.error,
+              a.outcome = 'skipped' AND a.error LIKE 'expired:%%' AS expired,
+              -- a one-off job still on this attempt ends with it
+              j.schedule_type = 'once' AND j.status = 'in_progress' AND j.attempts = a.attempt AS ends
+), expired AS (
+    UPDATE cron_at_scale_job AS j
+    SET expired_runs = j.expired_runs + 1,
+        status = CASE WHEN (SELECT ends FROM started) THEN 'cancelled' ELSE j.status END,
+        locked_by = CASE WHEN (SELECT ends FROM started) THEN '' ELSE j.locked_by END,
+        locked_until = CASE WHEN (SELECT ends FROM started) THEN NULL ELSE j.locked_until END,
+        updated_at = statement_timestamp()
+    WHERE j.id = ANY(ARRAY(SELECT job_id FROM started WHERE expired))
 )
-UPDATE cron_at_scale_jobattempt AS a
-SET started_at = COALESCE(a.started_at, statement_timestamp()),
-    outcome = CASE WHEN a.outcome = 'running' THEN 'running'
-                   WHEN j.status = 'cancelled' THEN 'cancelled'
-                   WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'
-                   ELSE 'running' END,
-    finished_at = CASE WHEN a.outcome = 'dispatched'
-                        AND (j.status = 'cancelled' OR (j.schedule_type = 'once' AND j.status = 'completed'))
-                       THEN statement_timestamp() END,
-    error = CASE WHEN a.outcome = 'dispatched' AND j.schedule_type = 'once' AND j.status = 'completed'
-                 THEN 'not run: an earlier attempt of this job succeeded' ELSE a.error END,
-    worker = %(worker)s,
-    run_token = %(token)s,
-    locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
-FROM cron_at_scale_job AS j
-WHERE a.id = (SELECT id FROM target)
-  AND (a.outcome = 'dispatched' OR (a.outcome = 'running' AND a.run_token = %(token)s)) AND j.id = a.job_id
-RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retries, j.max_retries, j.options,
-          a.started_at, j.created_at, a.attempt;
+SELECT outcome, scheduled_at, schedule_type, cancel_requested, retries, max_retries, options, started_at,
+       created_at, error, attempt
+FROM started;
 
 -- name: finish_attempt :prepared
 -- Close an attempt and, for a one-off job still on this attempt, set its
@@ -334,8 +391,10 @@ RETURNING a.job_id, a.attempt, a.scheduled_at, a.started_at IS NOT NULL AS start
 -- message, a long backlog) do not count: the job itself is not at fault.
 UPDATE cron_at_scale_job AS j
 SET status = CASE WHEN l.started AND j.lost_attempts + 1 >= %(max_lost)s THEN 'failed' ELSE 'pending' END,
-    -- due again now, but never before its own fire_at
+    -- due again now, but never before its own fire_at; a job with an expiry keeps its
+    -- fire_at, the scheduled time its expiry counts from (the claim skips it once past)
     fire_at = CASE WHEN l.started AND j.lost_attempts + 1 >= %(max_lost)s THEN j.fire_at
+                   WHEN j.options ? 'expires' THEN j.fire_at
                    ELSE GREATEST(j.fire_at, statement_timestamp()) END,
     lost_attempts = j.lost_attempts + CASE WHEN l.started THEN 1 ELSE 0 END,
     dispatch_losses = j.dispatch_losses + CASE WHEN l.started THEN 0 ELSE 1 END,
@@ -369,7 +428,7 @@ WITH j AS (
     FROM j
 )
 SELECT id, attempts, %(scheduled_at)s::timestamptz AS fire_at, schedule_type, cron_expr, timezone, task, payload,
-       queue, options
+       queue, options, statement_timestamp() AS db_now
 FROM j;
 
 -- name: requeue

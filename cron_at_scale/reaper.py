@@ -5,7 +5,10 @@ A worker that dies, or a broker that loses a message, leaves an attempt whose
 truth: the broker may lose anything). Each pass of the reaper, in one
 transaction, marks up to ``batch_size`` such attempts lost, puts their one-off
 jobs back to ``pending`` (or fails them after ``max_lost`` lost attempts), and
-gives each lost cron run a new attempt for the same occurrence. After the
+gives each lost cron run a new attempt for the same occurrence (a run past its
+job's ``expires`` is recorded skipped instead, see :mod:`cron_at_scale.expiry`;
+a one-off job with ``expires`` keeps its ``fire_at``, so that its claim skips
+it once past). After the
 commit the re-fired runs are published and failed jobs announced on the DLQ.
 
 A small service with its own interval and batch size that the dispatcher's
@@ -22,7 +25,7 @@ from collections.abc import Callable
 
 from django.db import transaction
 
-from . import conf, db, dlq, metrics
+from . import conf, db, dlq, expiry, metrics
 from .publish import Claimed
 
 log = logging.getLogger(__name__)
@@ -80,7 +83,8 @@ class Reaper:
                 rows = db.run("refire_cron", {"job_id": r.job_id, "scheduled_at": r.scheduled_at, "started": r.started,
                                               "losses": r.occurrence_losses + (1 if r.started else 0),
                                               "max_lost": self.max_lost, "lease": self.lease}, retries=0)
-                refire += [Claimed.from_row(r) for r in rows]
+                # a run fired again past its expiry is recorded skipped, never published
+                refire += expiry.drop_expired([Claimed.from_row(r) for r in rows], rows[0].db_now) if rows else []
         log.warning("reaped %d expired leases (%d cron runs fired again): %s", len(lost), len(refire),
                     ", ".join(f"{r[0]}:{r[1]}" for r in lost[:10]))
         if refire:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 
-from . import conf
+from . import conf, expiry
 from . import cron as cronlib
 from .control import apply_change, cancel, differing_schedule_fields, pause, requeue, resume
 from .exceptions import KeyConflict, ValidationError
@@ -113,6 +113,11 @@ def build_job(
             isinstance(max_retries, bool) or not isinstance(max_retries, int) or not 0 <= max_retries <= 1000):
         raise ValidationError("max_retries", f"must be an integer from 0 to 1000 or None, got {show(max_retries, 40)}")
     key = check_text("key", key, 255, allow_none=True)
+    if options.get("expires", 0) is None:
+        del options["expires"]  # Celery's default: no expiry
+    expires_at = options.pop("expires", None) if isinstance(options.get("expires"), datetime) else None
+    if "expires" in options:
+        options["expires"] = expiry.check(options["expires"])
     for opt, value in options.items():
         if opt not in OPTIONS:
             raise ValidationError(opt, f"unknown argument; schedule() takes {', '.join(ARGUMENTS + sorted(OPTIONS))}")
@@ -167,6 +172,8 @@ def build_job(
             fire_at = now
     if schedule_type == ScheduleType.ONCE:
         check_tz(tz)
+    if expires_at is not None:
+        options["expires"] = expiry.from_datetime(expires_at, fire_at, recurring)
     return Job(
         id=job_id,
         schedule_type=schedule_type,
@@ -225,7 +232,10 @@ def schedule(task: Any, *, update: bool = False, **spec: Any) -> Job:
     may go without a successful run before the job is overdue (default: the ``OVERDUE_GRACE``
     setting, 300 s); see ``cron_at_scale.overdue``. ``priority``: Celery message priority. ``retry_backoff``,
     ``retry_backoff_max`` (seconds), ``retry_jitter``, ``retry_all_exceptions``:
-    this job's retry policy (see ``cron_at_scale.retry``).
+    this job's retry policy (see ``cron_at_scale.retry``). ``expires``: seconds (or a timedelta; for
+    a one-off job also an aware datetime, taken as that many seconds after its ``fire_at``): a run
+    not started that long after its scheduled time is skipped and counted in ``expired_runs``,
+    never run (Celery's ``expires``; see ``cron_at_scale.expiry``).
 
     Raises ``cron_at_scale.ValidationError`` (field named) and writes nothing.
     """

@@ -76,6 +76,8 @@ class StatusReport:
     # id, key, task, expected_at, late_seconds, grace, last_success_at, overdue_since
     overdue_jobs_count: int = 0
     overdue_jobs: list[dict[str, Any]] = field(default_factory=list)
+    # beat_schedule entries the beat drop-in cannot map (they do not run under it): name, reason
+    beat_unmapped: list[dict[str, str]] = field(default_factory=list)
     capped: list[str] = field(default_factory=list)  # figures that hit their count cap (true value >= shown)
     estimated: list[str] = field(default_factory=list)  # figures from the planner's statistics
 
@@ -260,6 +262,20 @@ def workers(cur) -> list[dict[str, Any]]:
     return out
 
 
+def beat_unmapped() -> list[dict[str, str]]:
+    """The Celery app's ``beat_schedule`` entries the beat drop-in cannot map (``cron_at_scale.beat.unmapped``):
+    ``[{"name", "reason"}]``; [] when the app does not load (``manage.py check`` says why)."""
+    from .beat import unmapped
+    from .celery_app import get_app
+
+    try:
+        app = get_app()
+        entries = app.conf.beat_schedule
+    except Exception:  # noqa: BLE001
+        return []
+    return [{"name": name, "reason": why} for name, why in unmapped(entries, app)]
+
+
 def snapshot(window: float = DEFAULT_WINDOW) -> StatusReport:
     """Collect every figure (a dozen bounded statements, a few ms on an idle database)."""
     capped: list[str] = []
@@ -314,6 +330,7 @@ def snapshot(window: float = DEFAULT_WINDOW) -> StatusReport:
     queue_rows = [q.as_dict() for q in survey()]
     late, late_count = overdue_jobs()
     return StatusReport(
+        beat_unmapped=beat_unmapped(),
         db_now=db_now.isoformat(), pending=pending, oldest_overdue_seconds=round(overdue, 3),
         lag_seconds=lag, lag_window_seconds=window, lag_sample=sample, in_progress=in_progress,
         expired_leases=expired, dlq=dlq, paused=paused, missed_occurrences=int(missed),

@@ -31,8 +31,9 @@ RESCHEDULE_ARGUMENTS = ["task", *(a for a in ARGUMENTS if a != "key")]
 MAX_COUNTDOWN = 100 * 365 * 86400  # seconds; a longer horizon is a bug, not a plan
 MAX_JSON_DEPTH = 64
 MAX_INT_BITS = 1024  # far beyond any id or amount; Python refuses to print ints of ~4300+ digits
-# Options a job may carry: Celery's message priority and the retry policy's overrides.
-OPTIONS = {"priority", "retry_backoff", "retry_backoff_max", "retry_jitter", "retry_all_exceptions"}
+# Options a job may carry: Celery's message priority, the retry policy's overrides, and Celery's
+# ``expires`` (seconds; see cron_at_scale.expiry).
+OPTIONS = {"priority", "retry_backoff", "retry_backoff_max", "retry_jitter", "retry_all_exceptions", "expires"}
 
 
 def show(value: Any, limit: int = 60) -> str:
@@ -149,6 +150,11 @@ def check_option(opt: str, value: Any) -> None:
         raise ValidationError(opt, f"must be a number of seconds from 0 to {MAX_COUNTDOWN}, got {show(value, 40)}")
     if opt in ("retry_jitter", "retry_all_exceptions") and not isinstance(value, bool):
         raise ValidationError(opt, f"must be True or False, got {show(value, 40)}")
+    if opt == "expires":
+        from .expiry import check
+
+        if check(value) != value:  # a timedelta or an aware datetime: build_job converts them first
+            raise ValidationError(opt, f"must be a number of seconds here, got {show(value, 40)}")
 
 
 def seconds(field_name: str, value: Any, minimum: float = 0.0) -> float:

@@ -98,14 +98,14 @@ def test_sync_creates_one_job_per_entry_and_reports_what_it_cannot_map():
     assert sorted(report.created) == ["poll", "report"] and not report.updated and not report.disabled
     reasons = dict(report.unsupported)
     assert "solar" in reasons["dawn"] and "not a registered Celery task" in reasons["ghost"]
-    assert report.warnings == [("report", "ignored options: expires")]
+    assert report.warnings == []  # expires is mapped (cron_at_scale.expiry), not ignored
 
     jobs = live()
     assert set(jobs) == {"beat:report", "beat:poll"}
     cron = jobs["beat:report"]
     assert (cron.schedule_type, cron.cron_expr, cron.timezone, cron.task) == ("cron", "0 4 * * *", "UTC", "demo.tasks.noop")
     assert cron.payload == {"args": [1, [2, 3]], "kwargs": {"x": "y"}}
-    assert (cron.queue, cron.options, cron.overlap) == ("celery", {"priority": 5}, "allow")
+    assert (cron.queue, cron.options, cron.overlap) == ("celery", {"priority": 5, "expires": 60}, "allow")
     interval = jobs["beat:poll"]
     assert (interval.schedule_type, interval.interval) == ("interval", 10.0)
     assert before + timedelta(seconds=10) <= interval.fire_at <= db_now() + timedelta(seconds=10)

@@ -149,7 +149,7 @@ def test_cron_requeue_command(capsys):
     assert "requeued 1 job" in capsys.readouterr().out
     with pytest.raises(CommandError, match="not a failed job"):
         call_command("cron_requeue", str(job.id))
-    with pytest.raises(CommandError, match="job_id"):
+    with pytest.raises(CommandError, match="--all-failed"):
         call_command("cron_requeue")
 
 

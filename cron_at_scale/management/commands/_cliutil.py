@@ -6,7 +6,10 @@ import argparse
 import json
 import math
 import re
+from collections.abc import Mapping
 from datetime import datetime
+
+from django.core.management.base import CommandError
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -79,3 +82,13 @@ def json_of(kind: type):
 
     parse.__name__ = f"JSON {name}"
     return parse
+
+
+def flag_error(e, flags: Mapping[str, str]) -> CommandError:
+    """A ``cron_at_scale.ValidationError`` as the command's user knows it: the argument at fault named
+    by the command's own flag (``flags``: field -> ``"--flag"`` or ``"ARG"``), not the Python name."""
+    field = getattr(e, "field", "")
+    text = str(e)
+    if field in flags and text.startswith(f"{field}: "):
+        text = f"{flags[field]}: {text[len(field) + 2:]}"
+    return CommandError(text)

@@ -9,6 +9,8 @@ import cron_at_scale
 from cron_at_scale import ValidationError
 from cron_at_scale.models import Job
 
+from ._cliutil import flag_error
+
 
 class Command(BaseCommand):
     help = (
@@ -32,7 +34,7 @@ class Command(BaseCommand):
             try:
                 done = cron_at_scale.cancel(job_id)
             except ValidationError as e:
-                self.stderr.write(f"{job_id}: {e}")
+                self.stderr.write(f"{job_id}: {flag_error(e, {'job_id': 'JOB_ID'})}")
                 failed.append(job_id)
                 continue
             if done:

@@ -73,7 +73,10 @@ class Command(BaseCommand):
             dispatcher = Dispatcher(name=opts["name"], batch_size=opts["batch_size"],
                                     poll_interval=opts["poll_interval"], lease=opts["lease"], shards=opts["shards"])
         except Exception as e:  # a broken configuration, said plainly
-            raise CommandError(f"cannot start the dispatcher: {e}") from e
+            text = str(e)
+            if opts["lease"] is not None and "DISPATCH_LEASE" in text:  # the value came from this flag
+                text = text.replace("CRON_AT_SCALE['DISPATCH_LEASE']", "--lease")
+            raise CommandError(f"cannot start the dispatcher: {text}") from e
         if opts["metrics_port"]:
             from cron_at_scale import metrics
 

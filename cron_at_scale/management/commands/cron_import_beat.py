@@ -24,8 +24,9 @@ Mapping (decisions, with the reason):
   at its first occurrence at or after it, a one-off at the first time the
   schedule gives from it; a past ``start_time`` changes nothing.
 * ``expires``: not mapped (cron_at_scale jobs have no end time; an expired row
-  would never run again). ``expire_seconds`` (a per-message expiry),
-  ``exchange``, ``routing_key`` and ``headers`` are ignored with a warning.
+  would never run again). ``expire_seconds`` (a per-message expiry) becomes
+  the job's ``expires``; ``exchange``, ``routing_key`` and ``headers`` are
+  ignored with a warning.
 * ``queue`` and ``priority`` carry over; ``args``/``kwargs`` must be JSON
   (a list and an object); the task name must be registered.
 * A one-off job that already finished is not scheduled again.
@@ -79,7 +80,9 @@ def periodic_task_spec(pt, db_now) -> tuple[dict[str, Any], list[str]]:
         spec["queue"] = pt.queue
     if pt.priority is not None:
         spec["priority"] = pt.priority
-    ignored = [n for n in ("expire_seconds", "exchange", "routing_key") if getattr(pt, n)]
+    if pt.expire_seconds:  # a per-message expiry: each run skipped if not started within it (cron_at_scale.expiry)
+        spec["expires"] = pt.expire_seconds
+    ignored = [n for n in ("exchange", "routing_key") if getattr(pt, n)]
     if pt.headers and _json(pt.headers, "headers", dict):
         ignored.append("headers")
     warnings = [f"ignored {', '.join(ignored)}"] if ignored else []

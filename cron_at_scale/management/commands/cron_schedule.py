@@ -10,7 +10,12 @@ from django.db import DatabaseError
 import cron_at_scale
 from cron_at_scale import KeyConflict, ValidationError
 
-from ._cliutil import aware_datetime, json_of, seconds
+from ._cliutil import aware_datetime, flag_error, json_of, seconds
+
+# schedule()'s argument names -> this command's (its errors name the argument at fault)
+FLAGS = {"task": "TASK", "args": "--args", "kwargs": "--kwargs", "at": "--at", "countdown": "--countdown",
+         "cron": "--cron", "every": "--every", "tz": "--tz", "queue": "--queue", "key": "--key",
+         "max_retries": "--max-retries", "expires": "--expires"}
 
 
 class Command(BaseCommand):
@@ -52,13 +57,15 @@ class Command(BaseCommand):
                                  "or doubled)")
         parser.add_argument("--max-retries", type=int, default=None,
                             help="retries after the first attempt (default: the task's, Celery's meaning)")
+        parser.add_argument("--expires", type=seconds, default=None,
+                            help="seconds: a run not started this long after its time is skipped, never run")
 
     def handle(self, *args, **opts):
         if opts["update"] and not opts["key"]:
             raise CommandError("--update needs --key: it changes the live job holding that key")
         spec = {"args": opts["task_args"], "kwargs": opts["task_kwargs"], "tz": opts["tz"], "queue": opts["queue"],
                 "key": opts["key"], "max_retries": opts["max_retries"]}
-        for name in ("at", "countdown", "cron", "every"):
+        for name in ("at", "countdown", "cron", "every", "expires"):
             if opts[name] is not None:
                 spec[name] = opts[name]
         try:
@@ -66,7 +73,7 @@ class Command(BaseCommand):
         except KeyConflict as e:
             raise CommandError(f"{e} (here: --update)") from None
         except ValidationError as e:
-            raise CommandError(str(e)) from None
+            raise flag_error(e, FLAGS) from None
         except DatabaseError as e:
             raise CommandError(f"cannot write the job (is the database up and migrated?): {e}") from None
         self.stdout.write(str(job.id))

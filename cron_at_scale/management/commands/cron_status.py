@@ -82,6 +82,10 @@ class Command(BaseCommand):
             out(f"  {w['name']:<28} {status:<20} queues {','.join(w['queues']) or '-'}  "
                 f"last consumed {'never' if last is None else f'{last:.0f} s ago'}  "
                 f"pool {w['running']}/{w['concurrency']}" + (f"  {w['note']}" if w["note"] else ""))
+        if s.beat_unmapped:
+            out(f"beat entries not mapped: {len(s.beat_unmapped)} (they do not run under the beat drop-in)")
+            for e in s.beat_unmapped:
+                out(f"  {e['name']:<28} {e['reason']}")
         held = [q for q in s.queues if q["held"]]
         out(f"queues            {len(s.queues)}" + (f", {len(held)} HELD (their jobs wait in the database)" if held else ""))
         for q in s.queues:
