@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import signal
 import threading
 import time
@@ -34,6 +35,51 @@ log = logging.getLogger(__name__)
 TIMER_SLICE = 0.005  # seconds between two publishes of held runs
 
 default_name = process_name  # the old name
+
+
+class ShardHeads:
+    """How many due rows the claim takes from the head of each shard it holds (``per_shard``).
+
+    The claim reads each held shard's first ``per_shard`` due rows from the (shard, fire_at)
+    index and keeps the earliest ``batch_size`` of them, so what it reads never grows with
+    other shards' backlog. ``per_shard`` starts at ``ceil(batch_size / shards held)`` (due
+    rows spread evenly over the shards, as random ids spread them); when a batch came back
+    short while a shard gave all it was allowed (its backlog is larger than its share), it
+    doubles, up to ``batch_size``, and the next claim runs at once; a batch that leaves no
+    shard at its limit sets it back.
+    """
+
+    def __init__(self, batch_size: int):
+        self.batch_size = batch_size
+        self.per_shard = batch_size
+        self._held = 0
+
+    def params(self, shards: list[int]) -> dict:
+        """The claim's ``per_shard`` for these shards held."""
+        if len(shards) != self._held:
+            self._held = len(shards)
+            self.per_shard = self.base
+        return {"per_shard": self.per_shard}
+
+    @property
+    def base(self) -> int:
+        return min(self.batch_size, math.ceil(self.batch_size / max(1, self._held)))
+
+    def learn(self, shards: list[int]) -> bool:
+        """Adjust to a claim that returned rows of these shards (one entry per row); True when
+        more may be due now (a full batch, or a shard at its limit)."""
+        counts: dict[int, int] = {}
+        for shard in shards:
+            counts[shard] = counts.get(shard, 0) + 1
+        most = max(counts.values(), default=0)
+        if len(shards) >= self.batch_size:  # full: keep what this spread of shards needed
+            self.per_shard = max(self.base, most)
+            return True
+        if most >= self.per_shard:  # a shard has more than its share: take more of it, now
+            self.per_shard = min(self.batch_size, self.per_shard * 2)
+            return True
+        self.per_shard = self.base
+        return False
 
 
 class Dispatcher:
@@ -78,6 +124,8 @@ class Dispatcher:
         self._timers: list[tuple[float, int, Claimed]] = []  # (monotonic due time, seq, run)
         self._seq = 0
         self._clock: tuple[float, float] | None = None  # (database time, monotonic) at the last claim
+        self.heads = ShardHeads(self.batch_size)
+        self.more_due = False  # the last claim left rows due: claim again without waiting
 
     # -- one step -------------------------------------------------------------------------
 
@@ -93,14 +141,16 @@ class Dispatcher:
             self.shards.refresh()
         t0 = time.monotonic()
         while True:
+            shards = self.shards.claim_params()
             with transaction.atomic():
                 db.run("claim_settings", fetch="count", retries=0)
                 rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease,
-                                        "lookahead": self.lookahead, **self.shards.claim_params(),
+                                        "lookahead": self.lookahead, **shards, **self.heads.params(shards["shards"]),
                                         **self.queues.claim_params()}, retries=0)
                 if self.queues.learn(rows):  # a queue first seen in this batch is held: claim again without it
                     transaction.set_rollback(True)
                     continue
+                self.more_due = self.heads.learn([r.shard for r in rows])
                 metrics.observe_claim(len(rows), time.monotonic() - t0)
                 if rows:
                     self._clock = (rows[0].db_now.timestamp(), time.monotonic())
@@ -241,16 +291,20 @@ class Dispatcher:
             self.shards.refresh()
         self.reaper.maybe_reap(now)
         self.fire_timers(wait=wait)
-        n = 0 if not claim or self.broker_full() else self.tick(wait=wait)
+        if not claim or self.broker_full():
+            n, self.more_due = 0, False
+        else:
+            n = self.tick(wait=wait)
         self.fire_timers(wait=wait)
-        if n < self.batch_size:  # idle time only: retention never holds up a busy loop
+        if not self.more_due:  # idle time only: retention never holds up a busy loop
             retention.maybe_purge()
         return n
 
     def run(self, max_seconds: float | None = None) -> None:
         """Loop until ``stop()`` (or SIGTERM/SIGINT via ``install_signal_handlers``).
 
-        Sleeps only when a batch was not full: until the next held run is due,
+        Sleeps only when the last claim left nothing due (a batch not full, no shard
+        at its limit, see :class:`ShardHeads`): until the next held run is due,
         a wake-up notification arrives, or ``poll_interval`` passes. On stop,
         runs already claimed are published at their time before it exits.
         Database errors (a restart) are logged and retried after a short pause.
@@ -267,7 +321,7 @@ class Dispatcher:
                 claim = time.monotonic() >= claim_at
                 n = self.step(wait=False, claim=claim)
                 if claim:
-                    claim_at = 0.0 if n >= self.batch_size else time.monotonic() + self.poll_interval
+                    claim_at = 0.0 if self.more_due else time.monotonic() + self.poll_interval
                 pause = 0.0
             except (OperationalError, InterfaceError) as e:
                 pause = min(5.0, (pause or 0.1) * 2)

@@ -38,8 +38,8 @@ class ShardLeases:
         return len(self.owned) == NUM_SHARDS
 
     def claim_params(self) -> dict:
-        """Parameters of the claim statement: every shard, or the ones held."""
-        return {"all_shards": self.all, "shards": sorted(self.owned) or [-1]}
+        """Parameters of the claim statement: the shards held (``[-1]``, no shard, when none)."""
+        return {"shards": sorted(self.owned) or [-1]}
 
     def refresh(self) -> set[int]:
         """Say we are alive, renew, then take or give back shards toward a fair share."""
@@ -76,7 +76,7 @@ class AllShards:
     all = True
 
     def claim_params(self) -> dict:
-        return {"all_shards": True, "shards": [-1]}
+        return {"shards": sorted(self.owned)}
 
     def refresh(self) -> set[int]:
         return self.owned
