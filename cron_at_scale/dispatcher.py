@@ -319,7 +319,7 @@ class Dispatcher:
                 break
             try:
                 claim = time.monotonic() >= claim_at
-                n = self.step(wait=False, claim=claim)
+                self.step(wait=False, claim=claim)
                 if claim:
                     claim_at = 0.0 if self.more_due else time.monotonic() + self.poll_interval
                 pause = 0.0
