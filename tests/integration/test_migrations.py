@@ -75,3 +75,72 @@ def test_0010_leaves_stored_jobs_as_they_were_and_rewrites_nothing():
     (nullable, default), = sql("""SELECT is_nullable, column_default FROM information_schema.columns
                                   WHERE table_name = 'cron_at_scale_job' AND column_name = 'max_retries'""")
     assert (nullable, default) == ("YES", None)  # a job inserted without it takes the task's
+
+
+# -- no lock that grows with a table, from 0008 on (migration_lint) -------------------------------------
+
+
+def _ours_after(number: int) -> list[str]:
+    executor = MigrationExecutor(connection)
+    names = [name for app, name in executor.loader.graph.nodes if app == "cron_at_scale"]
+    return sorted(n for n in names if int(n.split("_", 1)[0]) > number)
+
+
+def test_every_migration_after_0007_holds_no_lock_for_the_tables_size():
+    from migration_lint import problems, sql_of
+
+    names = _ours_after(7)
+    assert "0008_attempt_run_token_dispatch_losses" in names and len(names) >= 4
+    found = {name: problems(sql_of("cron_at_scale", name)) for name in names}
+    assert {name: p for name, p in found.items() if p} == {}
+    # The linter knows the one that did: 0007 rewrote the jobs table (the shard column computed again).
+    assert problems(sql_of("cron_at_scale", "0007_job_ids_uuid7"))
+
+
+def _bad(*operations, atomic=True):
+    """The SQL of a migration made of ``operations``, applied after the latest one."""
+    from django.db import migrations
+    from migration_lint import sql_of_migration
+
+    executor = MigrationExecutor(connection)
+    state = executor.loader.project_state(_latest()[0], at_end=True)
+    migration = type("Migration", (migrations.Migration,), {"operations": list(operations), "atomic": atomic})(
+        "9999_synthetic", "cron_at_scale")
+    return sql_of_migration(migration, state)
+
+
+def test_the_migration_linter_catches_each_lock_that_grows_with_the_table():
+    from django.contrib.postgres.functions import RandomUUID
+    from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
+    from django.db import migrations, models
+    from django.db.models.functions import Now
+    from migration_lint import problems
+
+    bad = {
+        "index built without CONCURRENTLY": migrations.AddIndex(
+            "job", models.Index(fields=["locked_by"], name="cron_job_synthetic")),
+        "index dropped without CONCURRENTLY": migrations.RemoveIndex("job", "cron_job_task_fire_at"),
+        "SET NOT NULL": migrations.AlterField("job", "locked_until", models.DateTimeField(db_default=Now())),
+        "volatile default": migrations.AddField("job", "token", models.UUIDField(db_default=RandomUUID())),
+        "constraint without NOT VALID": migrations.AddConstraint(
+            "job", models.CheckConstraint(condition=models.Q(retries__lte=1000), name="cron_job_synthetic_check")),
+        "constraint on an added column": migrations.AddField("job", "weight", models.PositiveIntegerField(null=True)),
+        "column type change": migrations.AlterField("jobattempt", "worker", models.TextField(blank=True)),
+        "UNIQUE/PRIMARY KEY constraint built under lock": migrations.AddConstraint(
+            "jobattempt", models.UniqueConstraint(fields=["job", "scheduled_at"], name="cron_attempt_synthetic")),
+    }
+    for what, operation in bad.items():
+        found = problems(_bad(operation))
+        assert any(what in p for p in found), (what, found)
+    fine = [
+        AddIndexConcurrently("job", models.Index(fields=["locked_by"], name="cron_job_synthetic")),
+        RemoveIndexConcurrently("job", "cron_job_task_fire_at"),
+        migrations.AddField("job", "note", models.TextField(blank=True, db_default="")),  # constant default
+        migrations.AddField("job", "seen_at", models.DateTimeField(null=True, db_default=Now())),  # stable
+        migrations.AlterField("job", "max_retries", models.PositiveIntegerField(null=True, blank=True, db_default=3)),
+        migrations.CreateModel("Synthetic", [("id", models.BigAutoField(primary_key=True)),
+                                             ("n", models.PositiveIntegerField(db_index=True))]),
+    ]
+    for operation in fine:
+        assert problems(_bad(operation, atomic=not isinstance(operation, (AddIndexConcurrently,
+                                                                           RemoveIndexConcurrently)))) == []
