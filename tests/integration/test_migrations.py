@@ -1,13 +1,15 @@
-"""Upgrading a database with jobs in it: migration 0007 (UUIDv7 ids, shard from the id's last 32 bits)."""
+"""Upgrading a database with jobs in it: migration 0007 (UUIDv7 ids, shard from the id's last 32 bits), the\nmigration linter (no lock that grows with a table after 0007), and an upgrade while the system fires."""
 
 from __future__ import annotations
 
+import os
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
-from helpers import sql
+from helpers import sql, wait_until
 
 from cron_at_scale.models import NUM_SHARDS, Job
 
@@ -144,3 +146,109 @@ def test_the_migration_linter_catches_each_lock_that_grows_with_the_table():
     for operation in fine:
         assert problems(_bad(operation, atomic=not isinstance(operation, (AddIndexConcurrently,
                                                                            RemoveIndexConcurrently)))) == []
+
+
+# -- upgrading a live database: firing goes on while migrate runs ---------------------------------------
+
+UPGRADE_JOBS = int(os.environ.get("CRON_AT_SCALE_UPGRADE_JOBS", "100000"))  # docs/upgrading.md: 1,000,000
+STREAM_PER_S = 20  # due jobs a second, fired all through the upgrade
+
+
+class _Lines:
+    """A file-like object over generated COPY text lines (psycopg2's copy_expert reads it)."""
+
+    def __init__(self, lines):
+        self.lines = iter(lines)
+        self.buffer = ""
+
+    def read(self, size=65536):
+        while len(self.buffer) < size:
+            line = next(self.lines, None)
+            if line is None:
+                break
+            self.buffer += line
+        out, self.buffer = self.buffer[:size], self.buffer[size:]
+        return out
+
+    readline = read
+
+
+def load_jobs(n: int) -> None:
+    """``n`` jobs by COPY, as a database that has run a while: 70% completed (each with its attempt),
+    30% pending over the next 30 days (none due during the test)."""
+    ids = [uuid.uuid4() for _ in range(n)]
+    done = int(n * 0.7)
+    with connection.cursor() as cur:
+        cur.execute("SELECT statement_timestamp()")
+        (now,), = cur.fetchall()
+        jobs = (f"{i}\t{now - timedelta(seconds=k)}\tdemo.tasks.noop\t{{}}\t{{}}\t"
+                f"{'completed' if k < done else 'pending'}\t{now - timedelta(seconds=k)}\t{1 if k < done else 0}\n"
+                if k < done else
+                f"{i}\t{now + timedelta(days=1, seconds=k)}\tdemo.tasks.noop\t{{}}\t{{}}\tpending\t{now}\t0\n"
+                for k, i in enumerate(ids))
+        cur.copy_expert("COPY cron_at_scale_job (id, fire_at, task, payload, options, status, updated_at, attempts) "
+                        "FROM STDIN", _Lines(jobs))
+        attempts = (f"{ids[k]}\t1\t{now - timedelta(seconds=k)}\t{now}\t{now}\t{now}\tsucceeded\n" for k in range(done))
+        cur.copy_expert("COPY cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, started_at, "
+                        "finished_at, outcome) FROM STDIN", _Lines(attempts))
+        cur.execute("ANALYZE cron_at_scale_job")
+        cur.execute("ANALYZE cron_at_scale_jobattempt")
+
+
+def _gaps(times: list[float], start: float, end: float) -> float:
+    """The longest time without a fire in [start, end] (fires at ``times``, sorted)."""
+    inside = [start] + [t for t in times if start <= t <= end] + [end]
+    return max(b - a for a, b in zip(inside, inside[1:]))
+
+
+@pytest.mark.acceptance
+def test_upgrading_a_live_database_from_0010_never_stops_firing_for_a_second(system, tmp_path):
+    # A database of UPGRADE_JOBS jobs at 0010, a dispatcher and a worker running (real processes),
+    # due jobs coming every 50 ms; `manage.py migrate` to the latest migration meanwhile. Each run
+    # appends to a ledger file (outside the database); no gap of a second or more around the upgrade.
+    import subprocess
+    import sys
+    import time
+
+    from demo.runner import PROJECT_DIR, wait_for_workers
+
+    import cron_at_scale
+
+    executor = MigrationExecutor(connection)
+    executor.migrate([("cron_at_scale", "0010_job_max_retries_the_tasks")])
+    migrated = False
+    try:
+        t0 = time.monotonic()
+        load_jobs(UPGRADE_JOBS)
+        loaded = time.monotonic() - t0
+        ledger = tmp_path / "ledger.txt"
+        system.worker("w1", concurrency=2)
+        system.dispatcher("d1")
+        wait_for_workers(system.app, ["w1"])
+        (now,), = sql("SELECT statement_timestamp()")
+        cron_at_scale.schedule_many([{"task": "demo.tasks.ledger", "kwargs": {"path": str(ledger)},
+                                      "at": now + timedelta(seconds=1 + i / STREAM_PER_S)}
+                                     for i in range(STREAM_PER_S * 300)])
+
+        def fired() -> list[float]:
+            return sorted(float(line.split()[3]) for line in ledger.read_text().splitlines()) if ledger.exists() else []
+
+        wait_until(lambda: len(fired()) >= 2 * STREAM_PER_S, timeout=60, what="the stream to fire")
+        started = time.time()
+        migrate = subprocess.run([sys.executable, "manage.py", "migrate", "cron_at_scale", "-v", "1"], cwd=PROJECT_DIR,
+                                 env=system.env, capture_output=True, text=True, timeout=600)
+        ended = time.time()
+        migrated = migrate.returncode == 0
+        assert migrated, migrate.stdout + migrate.stderr
+        time.sleep(2.0)
+        times = fired()
+    finally:
+        if not migrated:
+            executor = MigrationExecutor(connection)
+            executor.loader.build_graph()
+            executor.migrate(_latest())
+    gap = _gaps(times, started - 1.0, ended + 1.0)
+    print(f"\nupgrade of {UPGRADE_JOBS:,} jobs (loaded by COPY in {loaded:.1f}s): migrate took {ended - started:.2f}s; "
+          f"{sum(started <= t <= ended for t in times)} fires during it; longest gap {gap:.3f}s\n{migrate.stdout}")
+    assert "Applying cron_at_scale." in migrate.stdout  # it did upgrade
+    assert gap < 1.0
