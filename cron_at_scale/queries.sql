@@ -85,12 +85,14 @@ SELECT c.id, c.attempts, c.fire_at, c.schedule_type, c.cron_expr, c.timezone, c.
 FROM claimed AS c;
 
 -- name: queue_names
--- The distinct values of the queue column (at most %(limit)s), for cron_status: a skip
--- scan of the (queue, fire_at, id) index, one index probe per value, whatever the table size.
+-- The distinct named queues (at most %(limit)s; the default queue '' is not one), for
+-- cron_status: a skip scan of the partial (queue, fire_at, id) index of named queues, one
+-- index probe per value, whatever the table size.
 WITH RECURSIVE q AS (
-    (SELECT queue FROM cron_at_scale_job ORDER BY queue LIMIT 1)
+    (SELECT queue FROM cron_at_scale_job WHERE queue <> '' ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM cron_at_scale_job AS j WHERE j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    SELECT (SELECT j.queue FROM cron_at_scale_job AS j WHERE j.queue > q.queue AND j.queue <> ''
+            ORDER BY j.queue LIMIT 1)
     FROM q WHERE q.queue IS NOT NULL
 )
 SELECT queue FROM q WHERE queue IS NOT NULL LIMIT %(limit)s;

@@ -14,9 +14,9 @@ pytestmark = pytest.mark.django_db
 NOTHING_HELD = {"held_queues": [], "held_blank": False, "blank_tasks": []}
 
 
-def test_pending_index_is_partial_on_fire_at():
-    (indexdef,), = sql("SELECT indexdef FROM pg_indexes WHERE indexname = 'cron_job_pending_fire_at'")
-    assert "(fire_at)" in indexdef
+def test_the_claims_index_is_partial_on_shard_and_fire_at():
+    (indexdef,), = sql("SELECT indexdef FROM pg_indexes WHERE indexname = 'cron_job_pending_shard'")
+    assert "(shard, fire_at)" in indexdef
     assert "WHERE ((status)::text = 'pending'::text)" in indexdef
 
 
