@@ -45,8 +45,10 @@ class ShardHeads:
     other shards' backlog. ``per_shard`` starts at ``ceil(batch_size / shards held)`` (due
     rows spread evenly over the shards, as random ids spread them); when a batch came back
     short while a shard gave all it was allowed (its backlog is larger than its share), it
-    doubles, up to ``batch_size``, and the next claim runs at once; a batch that leaves no
-    shard at its limit sets it back.
+    doubles, up to ``batch_size``, and the next claim runs at once; a full batch keeps the most
+    any shard gave, and a batch that leaves no shard at its limit sets it back. (So after one
+    shard's backlog, a burst over every shard may lock up to shards x that share in one claim,
+    once: the rows beyond the batch are let go at its commit.)
     """
 
     def __init__(self, batch_size: int):
