@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import math
 import signal
 import threading
 import time
@@ -35,53 +34,6 @@ log = logging.getLogger(__name__)
 TIMER_SLICE = 0.005  # seconds between two publishes of held runs
 
 default_name = process_name  # the old name
-
-
-class ShardHeads:
-    """How many due rows the claim takes from the head of each shard it holds (``per_shard``).
-
-    The claim reads each held shard's first ``per_shard`` due rows from the (shard, fire_at)
-    index and keeps the earliest ``batch_size`` of them, so what it reads never grows with
-    other shards' backlog. ``per_shard`` starts at ``ceil(batch_size / shards held)`` (due
-    rows spread evenly over the shards, as random ids spread them); when a batch came back
-    short while a shard gave all it was allowed (its backlog is larger than its share), it
-    doubles, up to ``batch_size``, and the next claim runs at once; a full batch keeps the most
-    any shard gave, and a batch that leaves no shard at its limit sets it back. (So after one
-    shard's backlog, a burst over every shard may lock up to shards x that share in one claim,
-    once: the rows beyond the batch are let go at its commit.)
-    """
-
-    def __init__(self, batch_size: int):
-        self.batch_size = batch_size
-        self.per_shard = batch_size
-        self._held = 0
-
-    def params(self, shards: list[int]) -> dict:
-        """The claim's ``per_shard`` for these shards held."""
-        if len(shards) != self._held:
-            self._held = len(shards)
-            self.per_shard = self.base
-        return {"per_shard": self.per_shard}
-
-    @property
-    def base(self) -> int:
-        return min(self.batch_size, math.ceil(self.batch_size / max(1, self._held)))
-
-    def learn(self, shards: list[int]) -> bool:
-        """Adjust to a claim that returned rows of these shards (one entry per row); True when
-        more may be due now (a full batch, or a shard at its limit)."""
-        counts: dict[int, int] = {}
-        for shard in shards:
-            counts[shard] = counts.get(shard, 0) + 1
-        most = max(counts.values(), default=0)
-        if len(shards) >= self.batch_size:  # full: keep what this spread of shards needed
-            self.per_shard = max(self.base, most)
-            return True
-        if most >= self.per_shard:  # a shard has more than its share: take more of it, now
-            self.per_shard = min(self.batch_size, self.per_shard * 2)
-            return True
-        self.per_shard = self.base
-        return False
 
 
 class Dispatcher:
@@ -116,7 +68,8 @@ class Dispatcher:
         # re-fired runs go out through this dispatcher's sender
         self.reaper = Reaper(self._publish, self.app, lease=self.lease, batch_size=self.batch_size)
         ttl = float(conf.get("SHARD_LEASE"))
-        self.shards = AllShards() if shards == "all" else ShardLeases(self.name, ttl)
+        self.shards = (AllShards(self.batch_size) if shards == "all"
+                       else ShardLeases(self.name, ttl, self.batch_size))
         self.shard_refresh = ttl / 4
         self.wakeup = Wakeup()
         self.stopping = threading.Event()
@@ -126,7 +79,6 @@ class Dispatcher:
         self._timers: list[tuple[float, int, Claimed]] = []  # (monotonic due time, seq, run)
         self._seq = 0
         self._clock: tuple[float, float] | None = None  # (database time, monotonic) at the last claim
-        self.heads = ShardHeads(self.batch_size)
         self.more_due = False  # the last claim left rows due: claim again without waiting
 
     # -- one step -------------------------------------------------------------------------
@@ -147,12 +99,12 @@ class Dispatcher:
             with transaction.atomic():
                 db.run("claim_settings", fetch="count", retries=0)
                 rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease,
-                                        "lookahead": self.lookahead, **shards, **self.heads.params(shards["shards"]),
+                                        "lookahead": self.lookahead, **shards,
                                         **self.queues.claim_params()}, retries=0)
                 if self.queues.learn(rows):  # a queue first seen in this batch is held: claim again without it
                     transaction.set_rollback(True)
                     continue
-                self.more_due = self.heads.learn([r.shard for r in rows])
+                self.more_due = self.shards.heads.learn([r.shard for r in rows])
                 metrics.observe_claim(len(rows), time.monotonic() - t0)
                 if rows:
                     self._clock = (rows[0].db_now.timestamp(), time.monotonic())
@@ -306,7 +258,7 @@ class Dispatcher:
         """Loop until ``stop()`` (or SIGTERM/SIGINT via ``install_signal_handlers``).
 
         Sleeps only when the last claim left nothing due (a batch not full, no shard
-        at its limit, see :class:`ShardHeads`): until the next held run is due,
+        at its limit, see :class:`cron_at_scale.shards.ShardHeads`): until the next held run is due,
         a wake-up notification arrives, or ``poll_interval`` passes. On stop,
         runs already claimed are published at their time before it exits.
         Database errors (a restart) are logged and retried after a short pause.

@@ -33,7 +33,7 @@ SET LOCAL synchronous_commit = off; SET LOCAL enable_sort = off; SET LOCAL jit =
 -- Each shard's head: its first %(per_shard)s due rows from the (shard, fire_at) index, then
 -- the earliest %(limit)s of those heads. What the statement reads grows with the batch and
 -- the shards held, never with the due rows of shards it does not hold (a stalled or dead
--- peer's backlog); the dispatcher sizes %(per_shard)s (cron_at_scale.dispatcher.ShardHeads).
+-- peer's backlog); %(per_shard)s is sized by cron_at_scale.shards.ShardHeads.
 -- Held queues (cron_at_scale.queues: full, or nobody consumes them) keep their jobs here:
 -- a job whose queue column names one, or with an empty queue column whose task routes
 -- to one (%(blank_tasks)s: the tasks whose route differs from the default queue's,
