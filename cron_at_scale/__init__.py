@@ -2,7 +2,7 @@
 
 Public API (see the README)::
 
-    from cron_at_scale import schedule, schedule_many, cancel, JobTask, RetryableError, current_job
+    from cron_at_scale import schedule, reschedule, schedule_many, cancel, JobTask, RetryableError, current_job
 
 The scheduling functions are imported lazily so that importing this package
 does not need Django's app registry to be ready.
@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import RetryableError, ValidationError
+from .exceptions import KeyConflict, RetryableError, ValidationError
 
 if TYPE_CHECKING:  # at run time they come from __getattr__, once Django's app registry is ready
     from .models import Job
@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # at run time they come from __getattr__, once Django's app r
 __all__ = [
     "schedule",
     "schedule_many",
+    "reschedule",
     "cancel",
     "requeue",
     "pause",
@@ -31,6 +32,7 @@ __all__ = [
     "JobTask",
     "RetryableError",
     "ValidationError",
+    "KeyConflict",
     "current_job",
 ]
 
@@ -40,11 +42,18 @@ __version__ = "0.1.0"
 # The wrappers repeat the signatures of cron_at_scale.scheduling (tests/unit/test_public_api.py checks they agree).
 
 
-def schedule(task: Any, **spec: Any) -> Job:
+def schedule(task: Any, *, update: bool = False, **spec: Any) -> Job:
     """Schedule one job; see :func:`cron_at_scale.scheduling.schedule`."""
     from .scheduling import schedule as _schedule
 
-    return _schedule(task, **spec)
+    return _schedule(task, update=update, **spec)
+
+
+def reschedule(job_or_key: Any, **changes: Any) -> Job:
+    """Change a stored job in place; see :func:`cron_at_scale.scheduling.reschedule`."""
+    from .scheduling import reschedule as _reschedule
+
+    return _reschedule(job_or_key, **changes)
 
 
 def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 10_000) -> list[Job]:
@@ -78,11 +87,11 @@ def pause(job_id: uuid.UUID | str, note: str = "") -> bool:
     return _pause(job_id, note)
 
 
-def resume(job_id: uuid.UUID | str) -> bool:
+def resume(job_id: uuid.UUID | str, missed: str | None = None) -> bool:
     """Resume a paused job; see :func:`cron_at_scale.control.resume`."""
     from .control import resume as _resume
 
-    return _resume(job_id)
+    return _resume(job_id, missed)
 
 
 def __getattr__(name: str) -> Any:

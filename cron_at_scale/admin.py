@@ -14,21 +14,31 @@ What keeps every page under a second at that size:
 * search is an index lookup: an exact job id (or a Celery task id
   ``<job id>:<attempt>``), else a key prefix; never ``LIKE '%…%'``;
 * the change page shows the latest ``ATTEMPTS_SHOWN`` attempts (an index
-  range) and their django-celery-results ``TaskResult`` in one query.
+  range) and their django-celery-results ``TaskResult`` in one query. A cron
+  job's page also previews its next ``NEXT_FIRES_SHOWN`` fires (no query).
 
 Actions (cancel, run now, requeue, pause, resume) call the public API and
 need custom permissions (``cancel_job``, ``run_job``, ``requeue_job``,
 ``pause_job``): without them the action is not offered, and a forged POST
-naming it is refused by the action form.
+naming it is refused by the action form. Resume asks, on an intermediate page,
+what to do with the occurrences missed while paused (``resume(missed=...)``).
+
+The change form edits only a live recurring job's schedule (cron expression and
+zone, or interval), with Django's ``change_job`` permission; saving calls
+``cron_at_scale.reschedule`` (the one path that changes a job in place), and
+its validation errors show on the field.
 """
 
 from __future__ import annotations
 
 import uuid
+from datetime import timedelta
 from functools import cached_property
 
+from django import forms
 from django.apps import apps
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.core.paginator import Paginator
 from django.db import connection
 from django.db.models import F, Q
@@ -39,12 +49,15 @@ from django.utils.html import format_html, format_html_join
 
 import cron_at_scale
 
-from .models import Job, JobAttempt, ScheduleType, Status
+from . import cron as cronlib
+from .exceptions import ValidationError
+from .models import LIVE_STATUSES, Job, JobAttempt, ScheduleType, Status
 from .status import planner_estimate, table_estimate
 
 EXACT_COUNT_LIMIT = 10_000  # results counted exactly up to here (bounded: LIMIT); beyond, the planner's estimate
 MAX_PAGES = 200  # deepest page offered: OFFSET 20,000 rows at 100 per page stays fast
 ATTEMPTS_SHOWN = 50  # latest attempts on a job's page
+NEXT_FIRES_SHOWN = 5  # a cron job's pending occurrence and the ones after it, on its page
 MAX_ACTION_JOBS = 10_000  # an action over more rows is refused (use the commands, which batch)
 
 
@@ -119,6 +132,25 @@ class QueueFilter(_IndexedValueFilter):
     column = "queue"
 
 
+class OverdueFilter(admin.SimpleListFilter):
+    """Recurring jobs overdue now (:mod:`cron_at_scale.overdue`): the rule's ids (a walk of the
+    recurring jobs' partial index, at most ``MAX_ACTION_JOBS``), then a primary-key lookup."""
+
+    title = "overdue"
+    parameter_name = "overdue"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "overdue now")]
+
+    def queryset(self, request, queryset):
+        if self.value() != "yes":
+            return queryset
+        from .overdue import overdue_jobs
+
+        jobs, _total = overdue_jobs(limit=MAX_ACTION_JOBS)
+        return queryset.filter(id__in=[j.id for j in jobs])
+
+
 def _uuid(text: str) -> uuid.UUID | None:
     try:
         return uuid.UUID(text.split(":", 1)[0])
@@ -135,6 +167,16 @@ def schedule_text(job: Job) -> str:
     return "once"
 
 
+def next_fires_text(job: Job, n: int = NEXT_FIRES_SHOWN) -> list[str]:
+    """A cron job's pending occurrence and the ``n - 1`` after it, each as ``"<local> (<UTC>)"``
+    (``cron.next_fire_times``, as the dispatcher's claim computes them); ``[]`` for other jobs."""
+    if job.schedule_type != ScheduleType.CRON or job.occurrence_at is None:
+        return []
+    zone = cronlib.check_zone(job.timezone)
+    fires = cronlib.next_fire_times(job.cron_expr, job.timezone, job.occurrence_at - timedelta(microseconds=1), n)
+    return [f"{t.astimezone(zone):%a %Y-%m-%d %H:%M:%S %Z} ({t:%Y-%m-%d %H:%M:%S} UTC)" for t in fires]
+
+
 def run_now(job_ids) -> int:
     """Make pending jobs due now; returns how many. A one-off fires at once; a recurring job fires
     one extra run now and keeps its schedule (its ``occurrence_at`` stays where it was)."""
@@ -143,11 +185,60 @@ def run_now(job_ids) -> int:
     ) if job_ids else 0
 
 
+# The change form's fields and the reschedule() arguments they are.
+SCHEDULE_FORM_FIELDS = {"cron_expr": "cron", "timezone": "tz", "interval": "every"}
+RESUME_CHOICES = (
+    ("", "as the job's catch-up policy says (its catchup and catchup_window)"),
+    ("skip", "skip them: wait for the next future occurrence"),
+    ("latest", "run the latest of them once (within the job's catch-up window)"),
+    ("all", "run each of them (within the job's catch-up window)"),
+)
+
+
+def editable_schedule_fields(job: Job | None) -> tuple[str, ...]:
+    """The schedule fields the change form edits for ``job``: none unless it is live and recurring."""
+    if job is None or job.status not in LIVE_STATUSES:
+        return ()
+    return {ScheduleType.CRON: ("cron_expr", "timezone"), ScheduleType.INTERVAL: ("interval",)}.get(
+        job.schedule_type, ())  # type: ignore[call-overload]
+
+
+class RescheduleForm(forms.ModelForm):
+    """A recurring job's schedule, checked as ``reschedule()`` checks it (nothing written here)."""
+
+    class Meta:
+        model = Job
+        fields: list[str] = []
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        for name in self.fields:
+            self.fields[name].required = name != "timezone" or "cron_expr" in self.fields
+
+    def changes(self) -> dict:
+        """``reschedule()`` arguments for the fields changed."""
+        return {SCHEDULE_FORM_FIELDS[f]: self.cleaned_data[f] for f in self.changed_data if f in SCHEDULE_FORM_FIELDS}
+
+    def clean(self):
+        data = super().clean()
+        changes = self.changes()
+        if changes and not self.errors:
+            from .scheduling import changed_job
+
+            stored = Job.objects.get(pk=self.instance.pk)
+            try:
+                changed_job(stored, changes)
+            except ValidationError as e:
+                field = {v: k for k, v in SCHEDULE_FORM_FIELDS.items()}.get(e.field)
+                self.add_error(field if field in self.fields else None, str(e))
+        return data
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = ("short_id", "task", "status", "schedule", "fire_at", "retries_used", "attempts", "lease")
     list_display_links = ("short_id",)
-    list_filter = ("status", "schedule_type", TaskFilter, QueueFilter)
+    list_filter = ("status", "schedule_type", TaskFilter, QueueFilter, OverdueFilter)
     search_fields = ("=id", "key")  # only to show the search box: get_search_results does the lookups
     search_help_text = "An exact job id (or a task id <job id>:<attempt>), or a key or the start of one."
     ordering = ("-fire_at",)
@@ -158,14 +249,17 @@ class JobAdmin(admin.ModelAdmin):
     list_per_page = 100
     actions = ("cancel_jobs", "run_jobs_now", "requeue_jobs", "pause_jobs", "resume_jobs")
     change_list_template = "admin/cron_at_scale/job/change_list.html"
+    form = RescheduleForm
     fieldsets = (
         (None, {"fields": ("id", "task", "status", "schedule", "fire_at", "key", "queue", "payload", "options")}),
         ("Attempts", {"fields": ("attempt_history",)}),
         ("Retries", {"fields": ("retries", "max_retries", "attempts", "lost_attempts")}),
         ("Lease", {"fields": ("locked_by", "locked_until", "cancel_requested")}),
         ("Recurring", {"classes": ("collapse",), "fields": (
-            "occurrence_at", "catchup", "catchup_window", "overlap", "jitter", "buffered_at",
+            "occurrence_at", "next_fires", "catchup", "catchup_window", "overlap", "jitter", "buffered_at",
             "missed_occurrences", "skipped_occurrences", "pause_note")}),
+        ("Has it run?", {"classes": ("collapse",), "fields": (
+            "grace", "last_success_at", "last_success_occurrence", "due_since", "resumed_at", "overdue_since")}),
         ("Times", {"fields": ("created_at", "updated_at")}),
     )
 
@@ -202,7 +296,32 @@ class JobAdmin(admin.ModelAdmin):
     # -- one job ------------------------------------------------------------------------------------
 
     def get_readonly_fields(self, request, obj=None):
-        return [f.name for f in Job._meta.fields] + ["schedule", "attempt_history"]
+        editable = editable_schedule_fields(obj) if self.has_change_permission(request, obj) else ()
+        return [f.name for f in Job._meta.fields if f.name not in editable] + ["schedule", "next_fires", "attempt_history"]
+
+    def get_fieldsets(self, request, obj=None):
+        editable = editable_schedule_fields(obj) if self.has_change_permission(request, obj) else ()
+        if not editable:
+            return self.fieldsets
+        first = list(self.fieldsets[0][1]["fields"])
+        first[first.index("schedule") + 1:first.index("schedule") + 1] = editable
+        return ((None, {"fields": tuple(first), "description":
+                        "Changing the schedule reschedules the job in place (cron_at_scale.reschedule): it runs "
+                        "from the new schedule's next occurrence, no run lost or doubled."}),
+                *self.fieldsets[1:])
+
+    def save_model(self, request, obj, form, change):
+        changes = form.changes()
+        if changes:
+            cron_at_scale.reschedule(obj.pk, **changes)
+
+    @admin.display(description=f"next {NEXT_FIRES_SHOWN} fires")
+    def next_fires(self, job: Job) -> str:
+        try:
+            lines = next_fires_text(job)
+        except ValidationError as exc:  # a row written around the API: say why instead of failing the page
+            return str(exc)
+        return format_html_join("", "{}<br>", ((line,) for line in lines)) if lines else "-"
 
     @admin.display(description=f"latest {ATTEMPTS_SHOWN} attempts")
     def attempt_history(self, job: Job) -> str:
@@ -232,7 +351,11 @@ class JobAdmin(admin.ModelAdmin):
         return False  # jobs are scheduled through the API or ``manage.py cron_schedule`` (validated)
 
     def has_change_permission(self, request, obj=None):
-        return False  # the row is the scheduler's state; change it with the actions
+        # the row is the scheduler's state: change it with the actions, or a live recurring job's
+        # schedule through reschedule() (Django's change_job permission)
+        if not request.user.has_perm("cron_at_scale.change_job"):
+            return False
+        return obj is None or bool(editable_schedule_fields(obj))
 
     def has_delete_permission(self, request, obj=None):
         return False  # cancel, and let retention (cron_purge) delete finished jobs
@@ -295,12 +418,27 @@ class JobAdmin(admin.ModelAdmin):
             done = sum(cron_at_scale.pause(i, note) for i in ids)
             self._report(request, "Paused", done, len(ids), "are not pending recurring jobs")
 
-    @admin.action(description="Resume selected paused jobs", permissions=["pause"])
+    @admin.action(description="Resume selected paused jobs…", permissions=["pause"])
     def resume_jobs(self, request, queryset):
+        """An intermediate page asks what to do with the occurrences missed while paused; its
+        POST (``post=yes``, ``missed``) resumes them with ``resume(missed=...)``."""
         ids = self._ids(request, queryset)
-        if ids is not None:
-            done = sum(cron_at_scale.resume(i) for i in ids)
+        if ids is None:
+            return None
+        missed = request.POST.get("missed")
+        if request.POST.get("post") and missed in {value for value, _ in RESUME_CHOICES}:
+            try:
+                done = sum(cron_at_scale.resume(i, missed=missed or None) for i in ids)
+            except ValidationError as e:
+                self.message_user(request, str(e), messages.ERROR)
+                return None
             self._report(request, "Resumed", done, len(ids), "were not paused")
+            return None
+        context = {**self.admin_site.each_context(request), "title": "Resume paused jobs",
+                   "opts": self.model._meta, "jobs": Job.objects.filter(id__in=ids).order_by("-fire_at"),
+                   "paused": Job.objects.filter(id__in=ids, status=Status.PAUSED).count(),
+                   "choices": RESUME_CHOICES, "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME}
+        return TemplateResponse(request, "admin/cron_at_scale/job/resume_confirmation.html", context)
 
     # -- the dashboard ------------------------------------------------------------------------------
 

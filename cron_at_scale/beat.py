@@ -31,8 +31,9 @@ Mapping of a ``beat_schedule`` entry to a job keyed ``beat:<entry name>``:
   finished) and the default catch-up (one run for the latest missed occurrence
   within five minutes, which is what a restarted beat does).
 
-A changed entry updates its job in place (same row; a changed schedule
-restarts from now). A job whose entry is gone, or no longer mappable, is
+A changed entry updates its job in place, through the same path as
+``cron_at_scale.reschedule`` (same row; a changed schedule restarts from now:
+no run of the old schedule after the sync, none lost or doubled). A job whose entry is gone, or no longer mappable, is
 paused with the note ``"removed from beat_schedule"``; re-adding the entry
 resumes and updates that same row (from now, with no catch-up). A job the
 operator paused by hand (any other note) stays paused. A ``beat:`` job that
@@ -41,7 +42,6 @@ was cancelled is created again: ``beat_schedule`` is the source of truth.
 
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import threading
@@ -54,8 +54,8 @@ from typing import TYPE_CHECKING, Any
 from celery import beat as celery_beat
 from celery import schedules
 from django.db import IntegrityError, InterfaceError, OperationalError, transaction
-from django.db.models.functions import Now
 
+from .control import DEFINITION_FIELDS, apply_change, cancel
 from .exceptions import ValidationError
 from .models import LIVE_STATUSES, Job, ScheduleType, Status
 from .scheduling import build_job, pause
@@ -69,10 +69,8 @@ KEY_PREFIX = "beat:"
 REMOVED_NOTE = "removed from beat_schedule"
 # Publish options a job can carry; anything else in an entry's options is ignored (with a warning).
 CARRIED_OPTIONS = ("queue", "priority")
-# What makes two jobs "the same": compared on every sync; SCHEDULE_FIELDS changing restarts the schedule.
-SCHEDULE_FIELDS = ("schedule_type", "cron_expr", "timezone", "interval")
-COMPARED_FIELDS = (*SCHEDULE_FIELDS, "task", "payload", "queue", "options", "max_retries",
-                   "overlap", "catchup", "catchup_window", "jitter")
+# What makes two jobs "the same" (compared on every sync): cron_at_scale.control.DEFINITION_FIELDS.
+COMPARED_FIELDS = DEFINITION_FIELDS
 
 
 class Unmappable(ValueError):
@@ -214,25 +212,20 @@ def entry_spec(entry: Mapping[str, Any], app=None) -> tuple[dict[str, Any], list
 # -- writing jobs ---------------------------------------------------------------------------
 
 
-def _normalized(job: Job) -> dict[str, Any]:
-    values = {f: getattr(job, f) for f in COMPARED_FIELDS}
-    values["payload"] = json.loads(json.dumps(values["payload"]))  # tuples -> lists, as stored
-    values["interval"] = None if values["interval"] is None else float(values["interval"])
-    return values
-
-
 def upsert(new: Job, *, resume_note: str | None = None, revive_finished: bool = True,
            compare_fire_at: bool = False) -> tuple[str, Job]:
     """Make the live job keyed ``new.key`` look like ``new`` (an unsaved, validated job; see ``build_job``).
 
     Returns ``("created" | "updated" | "unchanged", job)``. The live job is
-    locked (``SELECT ... FOR UPDATE``) while compared and updated, so
+    locked (``SELECT ... FOR UPDATE``) while compared and changed, so
     concurrent callers serialize; two inserting at once meet on the live-key
-    unique index and the loser updates the winner's row. A changed schedule
-    (or ``fire_at`` with ``compare_fire_at``) takes ``new``'s next fire time.
-    A job paused with note ``resume_note`` is resumed from ``new``'s next fire
-    time. With ``revive_finished=False`` a finished job with the key (completed,
-    failed, cancelled) counts as unchanged and nothing is inserted.
+    unique index and the loser updates the winner's row. The change is
+    ``reschedule``'s (:func:`cron_at_scale.control.apply_change`): a changed
+    schedule (or ``fire_at`` with ``compare_fire_at``) takes ``new``'s next fire
+    time, with no run lost or doubled by the change. A job paused with note
+    ``resume_note`` is resumed from ``new``'s next fire time. With
+    ``revive_finished=False`` a finished job with the key (completed, failed,
+    cancelled) counts as unchanged and nothing is inserted.
     """
     for _ in range(3):
         with transaction.atomic():
@@ -248,19 +241,17 @@ def upsert(new: Job, *, resume_note: str | None = None, revive_finished: bool = 
                     return "created", new
                 except IntegrityError:
                     continue  # another process inserted it first: lock and compare its row
-            want, have = _normalized(new), _normalized(job)
-            changes = {f: want[f] for f in COMPARED_FIELDS if want[f] != have[f]}
-            reschedule = any(f in changes for f in SCHEDULE_FIELDS) or (compare_fire_at and new.fire_at != job.fire_at)
-            resume = resume_note is not None and job.status == Status.PAUSED and job.pause_note == resume_note
             if job.schedule_type == ScheduleType.ONCE and job.status != Status.PENDING:
                 return "unchanged", job  # already claimed or running: leave it alone
-            if reschedule or resume:
-                changes.update(fire_at=new.fire_at, occurrence_at=new.occurrence_at, buffered_at=None)
-            if resume:
-                changes.update(status=Status.PENDING, pause_note="")
+            if (job.schedule_type == ScheduleType.ONCE) != (new.schedule_type == ScheduleType.ONCE):
+                cancel(job.id)  # one-off <-> recurring is not a change in place: the entry's new job replaces it
+                new.save(force_insert=True)
+                return "updated", new
+            resume = resume_note is not None and job.status == Status.PAUSED and job.pause_note == resume_note
+            changes = apply_change(job, new, move=compare_fire_at, first=(new.occurrence_at, new.fire_at),
+                                   resume=resume)
             if not changes:
                 return "unchanged", job
-            Job.objects.filter(pk=job.pk).update(**changes, updated_at=Now())
             job.refresh_from_db()
             return "updated", job
     raise IntegrityError(f"could not insert or lock the live job keyed {new.key!r}")

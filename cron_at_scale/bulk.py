@@ -44,7 +44,7 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 10_00
     All or nothing: one bad spec raises ``ValidationError`` (its field names
     the spec's index, e.g. ``"[3].cron"``) and no row is written. Jobs without
     a ``key`` go in with PostgreSQL's ``COPY`` (``batch_size`` rows a
-    statement); keyed ones with ``INSERT ... ON CONFLICT DO NOTHING``. Inside
+    statement); keyed ones (and those with a ``grace``) with ``INSERT ... ON CONFLICT DO NOTHING``. Inside
     the caller's transaction, like ``schedule``. Returns the jobs in spec
     order; a spec whose ``key`` names a live job returns that job.
     """
@@ -85,7 +85,7 @@ def _schedule_many(specs: list[Any], batch_size: int, now: datetime) -> list[Job
                     raise ValidationError(f"[{i}].{e.field}", e.text.split(": ", 1)[1]) from None
                 except TypeError as e:
                     raise ValidationError(f"[{i}]", str(e)) from None
-                if job.key is not None:
+                if job.key is not None or job.grace is not None:  # not a column of the COPY: inserted below
                     order.append(job)
                     continue
                 row = _job_row(job)
@@ -97,16 +97,19 @@ def _schedule_many(specs: list[Any], batch_size: int, now: datetime) -> list[Job
     while batch := _copy(source, batch_size):
         copied += batch
     first_by_key: dict[str, Job] = {}
+    unkeyed: list[Job] = []
     for job in order:
-        if job is not None and job.key not in first_by_key:
+        if job is not None and job.key is None:
+            unkeyed.append(job)
+        elif job is not None and job.key not in first_by_key:
             first_by_key[job.key] = job
-    inserts = list(first_by_key.values())
+    inserts = unkeyed + list(first_by_key.values())
     for start in range(0, len(inserts), 1000):
         Job.objects.bulk_create(inserts[start : start + 1000], ignore_conflicts=True)
     live = {j.key: j for j in Job.objects.filter(key__in=list(first_by_key), status__in=LIVE_STATUSES)} \
         if first_by_key else {}
     copied_jobs = iter(copied)
-    return [next(copied_jobs) if job is None else live.get(job.key, job) for job in order]
+    return [next(copied_jobs) if job is None else job if job.key is None else live.get(job.key, job) for job in order]
 
 
 @contextmanager

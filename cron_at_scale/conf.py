@@ -53,6 +53,18 @@ DEFAULTS: dict[str, Any] = {
     # Seconds after which completed and cancelled jobs (and their attempts) are
     # deleted by the dispatchers, in small batches; None keeps them (cron_purge by hand).
     "RETENTION": None,
+    # Seconds a recurring job's due occurrence may go without a successful run before the job is
+    # overdue (cron_at_scale.overdue), unless the job sets its own (schedule(..., grace=)).
+    # 300: the default catch-up window; a deploy or a restart is caught up within it, so
+    # it does not page, while a job that stopped running does within minutes.
+    "OVERDUE_GRACE": 300.0,
+    # Attempts kept per recurring job (cron_at_scale.history): older finished ones are deleted by
+    # the dispatchers in small batches. 1000: the admin shows 50; a per-second job keeps ~17 minutes,
+    # a per-minute one ~17 hours. None keeps them all (a per-second job adds 86,400 rows a day).
+    "HISTORY_PER_JOB": 1000,
+    # Seconds after which a recurring job's finished attempts are deleted, whatever their number
+    # (the latest one stays). None: only HISTORY_PER_JOB applies.
+    "HISTORY_MAX_AGE": None,
     # Server-side prepared statements for the worker's per-task writes; turn off
     # behind a pooler that does not keep sessions (PgBouncer transaction mode).
     "PREPARED_STATEMENTS": True,
@@ -62,7 +74,7 @@ DEFAULTS: dict[str, Any] = {
 
 
 _POSITIVE = ("BATCH_SIZE", "POLL_INTERVAL", "MAX_BROKER_DEPTH", "SHARD_LEASE", "DISPATCH_LEASE", "RUN_LEASE", "HEARTBEAT_INTERVAL",
-             "REAPER_INTERVAL", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES", "WORKER_HEARTBEAT_INTERVAL")
+             "REAPER_INTERVAL", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES", "WORKER_HEARTBEAT_INTERVAL", "OVERDUE_GRACE")
 _INTEGER = ("MAX_BROKER_DEPTH", "BATCH_SIZE", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES")
 
 
@@ -96,6 +108,12 @@ def problems() -> list[str]:
     stuck = user.get("WORKER_STUCK_AFTER", DEFAULTS["WORKER_STUCK_AFTER"])
     if stuck is not None and (isinstance(stuck, bool) or not isinstance(stuck, (int, float)) or not stuck > 0):
         out.append(f"CRON_AT_SCALE['WORKER_STUCK_AFTER'] must be seconds > 0 or None, got {stuck!r}")
+    age = user.get("HISTORY_MAX_AGE")
+    if age is not None and (isinstance(age, bool) or not isinstance(age, (int, float)) or not age > 0):
+        out.append(f"CRON_AT_SCALE['HISTORY_MAX_AGE'] must be seconds > 0 or None, got {age!r}")
+    keep = user.get("HISTORY_PER_JOB", DEFAULTS["HISTORY_PER_JOB"])
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        out.append(f"CRON_AT_SCALE['HISTORY_PER_JOB'] must be a whole number >= 1 or None, got {keep!r}")
     app_path = user.get("CELERY_APP")
     if app_path is not None and (not isinstance(app_path, str) or ":" not in app_path):
         out.append(f"CRON_AT_SCALE['CELERY_APP'] must be 'module:attribute' or None, got {app_path!r}")

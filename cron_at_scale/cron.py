@@ -16,15 +16,25 @@ and may be used as range ends (``MON-FRI``).  Macros: ``@yearly``,
 ``@annually``, ``@monthly``, ``@weekly``, ``@daily``, ``@midnight``,
 ``@hourly``.
 
+Quartz day forms (``org.quartz.CronExpression``), each the whole of its field:
+day-of-month ``L`` (last day), ``L-N`` (N days before it, N 0-30), ``NW`` (the
+weekday nearest day N, never in another month: a Saturday 1st gives Monday
+the 3rd, a Sunday last day the Friday before; no day N, no fire), ``LW`` and
+``L-NW``; day-of-week ``DL`` (the last D-day) and ``D#K`` (the K-th D-day,
+K 1-5; no fire in a month without one), D in cron numbering (0-7 or SUN-SAT,
+where Quartz counts 1-7 from Sunday).
+
 Rejected: ``N/S`` (cronie rejects it; other implementations disagree on
 whether it means ``N-max/S`` or ``N`` -- write ``N-max/S`` explicitly),
-descending ranges, ``@reboot``, ``?``, ``L``, ``W``, ``#``, ``H``, empty
+descending ranges, ``@reboot``, ``?``, ``H``, ``L``/``W``/``#`` anywhere
+else (in a list or range, another field, ``L`` alone in day-of-week), empty
 fields or list items, a wrong number of fields, non-``str`` input and
 expressions longer than 200 characters.
 
 Day rule (cronie): if the day-of-month *or* the day-of-week field text begins
 with ``*`` (so ``*/2`` counts, ``1-31`` does not) a day must match both
-fields; otherwise it may match either.
+fields; otherwise it may match either. The Quartz forms follow the same rule
+(they never begin with ``*``): ``0 0 L * 1`` is the last day or a Monday.
 
 Time zones (Vixie cron / cronie policy)
 ---------------------------------------
@@ -63,6 +73,7 @@ __all__ = [
     "next_fire_time",
     "next_fire_times",
     "parse",
+    "rule_text",
     "validate",
 ]
 
@@ -115,6 +126,9 @@ class CronExpr:
     Field sets hold the matching values: ``seconds`` ({0} for five-field
     expressions), ``minutes``, ``hours``, ``days`` (day-of-month 1-31),
     ``months`` (1-12) and ``weekdays`` (0-6, Sunday=0; 7 is folded into 0).
+    ``dom_rule``/``dow_rule``: the Quartz day form of that field, e.g.
+    ``("L", 3)`` for ``L-3``, ``("#", 2, 2)`` for ``2#2`` (:func:`rule_text`
+    writes it back; the field's value set is then empty), else None.
     ``dom_star``/``dow_star``: the day-of-month/day-of-week field text begins
     with ``*`` (cronie's DOM_STAR/DOW_STAR).  ``wildcard``: the minute or hour
     field text begins with ``*``.  ``can_fire``: some calendar date satisfies
@@ -133,14 +147,20 @@ class CronExpr:
     wildcard: bool
     has_seconds: bool
     can_fire: bool = True
+    dom_rule: tuple | None = None
+    dow_rule: tuple | None = None
     # Sorted copies for bisect (derived; excluded from equality).
     _seconds: tuple[int, ...] = field(default=(), repr=False, compare=False)
     _minutes: tuple[int, ...] = field(default=(), repr=False, compare=False)
     _hours: tuple[int, ...] = field(default=(), repr=False, compare=False)
     _months: tuple[int, ...] = field(default=(), repr=False, compare=False)
+    # (days in the month, weekday of its 1st with Monday=0) -> matching days; only with a dom/dow rule.
+    _day_table: dict[tuple[int, int], tuple[int, ...]] | None = field(default=None, repr=False, compare=False)
 
     def day_matches(self, year: int, month: int, day: int) -> bool:
         """Whether the date matches the day-of-month/day-of-week fields (cronie rule)."""
+        if self._day_table is not None:
+            return day in self._day_table[_month_key(year, month)]
         dom_ok = day in self.days
         dow_ok = (date(year, month, day).weekday() + 1) % 7 in self.weekdays
         if self.dom_star or self.dow_star:
@@ -174,8 +194,10 @@ def _value(spec: tuple, text: str, tok: str) -> int:
     elif names is not None and tok.upper() in names:
         return names[tok.upper()]
     else:
-        if any(c in tok.upper() for c in "LW#?H"):
-            raise _bad(fname, text, f"{tok!r}: L, W, #, ? and H are not crontab(5) syntax and are not supported")
+        if any(c in tok.upper() for c in "LW#"):
+            raise _bad(fname, text, f"{tok!r}: {_WHERE_SPECIAL}")
+        if any(c in tok.upper() for c in "?H"):
+            raise _bad(fname, text, f"{tok!r}: ? and H are not crontab(5) syntax and are not supported")
         hint = " (names: JAN-DEC)" if fname == "month" else " (names: SUN-SAT)" if names else ""
         raise _bad(fname, text, f"{tok!r} is not a number{hint}")
     if not low <= v <= high:
@@ -195,8 +217,8 @@ def _parse_field(spec: tuple, text: str) -> frozenset[int]:
                 fname,
                 text,
                 f"unsupported item {item!r} (crontab(5) allows *, N, N-M, */S, N-M/S, "
-                "names and comma lists; ?, L, W, #, H and @-forms other than the macros "
-                "are not supported)",
+                "names and comma lists; L, W and # only in the day fields, as the whole field; "
+                "?, H and @-forms other than the macros are not supported)",
             )
         star, a, b, step_text = m.groups()
         if star:
@@ -227,6 +249,146 @@ def _parse_field(spec: tuple, text: str) -> frozenset[int]:
         values.discard(7)
         values.add(0)
     return frozenset(values)
+
+
+# ------------------------------------------------------- Quartz day forms (L, W, #)
+
+_WHERE_SPECIAL = (
+    "L, W and # are allowed only in the day-of-month field (L, L-N, LW, L-NW, NW) "
+    "and the day-of-week field (NL, N#K)"
+)
+_DAY_NAME_RE = re.compile("|".join(_DAY_NAMES), re.IGNORECASE)
+_DOM_RULE_RE = re.compile(r"L(?:-([0-9]{1,4}))?(W)?|([0-9]{1,4})W", re.IGNORECASE)
+_DOW_RULE_RE = re.compile(r"([0-9]{1,4}|[A-Za-z]{3})(?:(L)|#([0-9]{1,4}))", re.IGNORECASE)
+
+
+def _day_rule(spec: tuple, text: str) -> tuple | None:
+    """The rule of a day field written in a Quartz form, or None for a plain crontab(5) field.
+
+    Day-of-month: ``("L", k)`` the k-th day before the last (``L``, ``L-k``, k 0-30);
+    ``("LW", k)`` the weekday nearest it (``LW``, ``L-kW``); ``("W", n)`` the weekday
+    nearest day n (``nW``, n 1-31). Day-of-week (0-7 or SUN-SAT, 7 = Sunday):
+    ``("NL", w)`` the last w-day of the month (``wL``); ``("#", w, k)`` the k-th w-day
+    (``w#k``, k 1-5). A form must be the only item of its field; misuse raises
+    ``ValidationError`` naming the field.
+    """
+    fname = spec[0]
+    upper = text.upper()
+    probe = upper if spec is _DOM else _DAY_NAME_RE.sub("", upper)
+    if not any(c in probe for c in "LW#"):
+        return None
+    if spec is _DOW and "W" in probe:
+        raise _bad(fname, text, "W (nearest weekday) is allowed only in the day-of-month field (e.g. 15W, LW)")
+    if spec is _DOM and "#" in probe:
+        raise _bad(fname, text, "# (the N-th weekday) is allowed only in the day-of-week field (e.g. 2#2)")
+    if "," in text:
+        raise _bad(fname, text, "L, W and # must be the only item of their field (no lists)")
+    if "/" in text:
+        raise _bad(fname, text, "L, W and # take no step")
+    if spec is _DOM:
+        m = _DOM_RULE_RE.fullmatch(text)
+        if m is None:
+            raise _bad(fname, text, "day-of-month accepts L, L-N (N 0-30), LW, L-NW and NW (N 1-31, "
+                                    "one day: no range) as the whole field")
+        offset, weekday, day = m.groups()
+        if day is not None:
+            n = int(day)
+            if not 1 <= n <= 31:
+                raise _bad(fname, text, f"{n}W: {n} is out of range 1-31")
+            return ("W", n)
+        k = int(offset) if offset is not None else 0
+        if k > 30:
+            raise _bad(fname, text, f"L-{offset}: the offset {k} is out of range 0-30")
+        return ("LW" if weekday else "L", k)
+    if "#" in upper and "L" in probe:
+        raise _bad(fname, text, "L and # cannot be combined")
+    if upper == "L":
+        raise _bad(fname, text, "L alone is ambiguous in day-of-week (Quartz reads it as Saturday): "
+                                "write 6 for Saturday, or NL for the last N-day of the month (5L)")
+    m = _DOW_RULE_RE.fullmatch(text)
+    if m is None:
+        raise _bad(fname, text, "day-of-week accepts NL (the last N-day of the month) and N#K (the K-th "
+                                "N-day, K 1-5), N 0-7 or SUN-SAT, as the whole field (no range)")
+    tok, last, nth = m.groups()
+    w = _value(spec, text, tok) % 7
+    if last:
+        return ("NL", w)
+    k = int(nth)
+    if not 1 <= k <= 5:
+        raise _bad(fname, text, f"#{nth}: K must be 1-5 (no month has more than five of a weekday)")
+    return ("#", w, k)
+
+
+def rule_text(rule: tuple) -> str:
+    """A day rule of :class:`CronExpr` written back as its field text (``("L", 3)`` -> ``"L-3"``)."""
+    kind = rule[0]
+    if kind in ("L", "LW"):
+        return "L" + (f"-{rule[1]}" if rule[1] else "") + ("W" if kind == "LW" else "")
+    if kind == "W":
+        return f"{rule[1]}W"
+    if kind == "NL":
+        return f"{rule[1]}L"
+    return f"{rule[1]}#{rule[2]}"
+
+
+def _nearest_weekday(t: int, dim: int, base: int) -> int:
+    """Quartz's W: Saturday moves back to Friday, Sunday on to Monday, never out of the month
+    (a Saturday 1st gives Monday the 3rd, a Sunday last day the Friday before)."""
+    w = (base + t) % 7
+    if w == 6:
+        return 3 if t == 1 else t - 1
+    if w == 0:
+        return t - 2 if t == dim else t + 1
+    return t
+
+
+def _dom_days(rule: tuple | None, days: frozenset[int], dim: int, base: int) -> set[int]:
+    if rule is None:
+        return {d for d in days if d <= dim}
+    kind, n = rule
+    if kind == "W":
+        return {_nearest_weekday(n, dim, base)} if n <= dim else set()
+    t = dim - n
+    if t < 1:
+        return set()
+    return {_nearest_weekday(t, dim, base)} if kind == "LW" else {t}
+
+
+def _dow_days(rule: tuple | None, weekdays: frozenset[int], dim: int, base: int) -> set[int]:
+    if rule is None:
+        return {d for d in range(1, dim + 1) if (base + d) % 7 in weekdays}
+    w = rule[1]
+    if rule[0] == "NL":
+        return {dim - (base + dim - w) % 7}
+    d = 1 + (w - base - 1) % 7 + 7 * (rule[2] - 1)
+    return {d} if d <= dim else set()
+
+
+def _day_table(days: frozenset[int], weekdays: frozenset[int], dom_rule: tuple | None,
+               dow_rule: tuple | None, both: bool) -> dict[tuple[int, int], tuple[int, ...]]:
+    """Matching days for every month shape: (days in month, weekday of the 1st) -> sorted days.
+
+    Every shape occurs in every 400-year Gregorian cycle, so this also decides ``can_fire``.
+    ``both``: the AND rule (a day field begins with ``*``), else OR.
+    """
+    table = {}
+    for dim in (28, 29, 30, 31):
+        for first in range(7):
+            # first: weekday of the 1st, Monday=0; (first + d) % 7 is the cron weekday of day d
+            dom = _dom_days(dom_rule, days, dim, first)
+            dow = _dow_days(dow_rule, weekdays, dim, first)
+            table[(dim, first)] = tuple(sorted(dom & dow if both else dom | dow))
+    return table
+
+
+def _days_in_month(year: int, month: int) -> int:
+    if month == 2 and year % 4 == 0 and (year % 100 != 0 or year % 400 == 0):
+        return 29
+    return _DAYS_IN_MONTH[month]
+
+
+def _month_key(year: int, month: int) -> tuple[int, int]:
+    return _days_in_month(year, month), date(year, month, 1).weekday()
 
 
 def _check_expr_text(expr: object) -> str:
@@ -262,14 +424,28 @@ def _parse_cached(expr: str) -> CronExpr:
             f"expected 5 fields (minute hour day-of-month month day-of-week) or 6 "
             f"(seconds first), got {len(parts)} in {expr!r}",
         )
-    sets = [_parse_field(spec, part) for spec, part in zip(specs, parts)]
+    sets = []
+    rules: dict[str, tuple | None] = {"day-of-month": None, "day-of-week": None}
+    for spec, part in zip(specs, parts):
+        rule = _day_rule(spec, part) if spec is _DOM or spec is _DOW else None
+        if rule is None:
+            sets.append(_parse_field(spec, part))
+        else:
+            rules[spec[0]] = rule
+            sets.append(frozenset())
     if not has_seconds:
         sets.insert(0, frozenset({0}))
         parts = ["0", *parts]
     seconds, minutes, hours, days, months, weekdays = sets
     dom_star = parts[3].startswith("*")
     dow_star = parts[5].startswith("*")
-    if dom_star or dow_star:
+    dom_rule, dow_rule = rules["day-of-month"], rules["day-of-week"]
+    table = None
+    if dom_rule is not None or dow_rule is not None:
+        table = _day_table(days, weekdays, dom_rule, dow_rule, dom_star or dow_star)
+        can_fire = any(table[(dim, first)] for m in months for dim in ((28, 29) if m == 2 else
+                       (_DAYS_IN_MONTH[m],)) for first in range(7))
+    elif dom_star or dow_star:
         can_fire = any(d <= _MAX_DAYS_IN_MONTH[m] for m in months for d in days)
     else:
         # OR rule: every month contains every weekday and weekdays is non-empty.
@@ -287,10 +463,13 @@ def _parse_cached(expr: str) -> CronExpr:
         wildcard=parts[1].startswith("*") or parts[2].startswith("*"),
         has_seconds=has_seconds,
         can_fire=can_fire,
+        dom_rule=dom_rule,
+        dow_rule=dow_rule,
         _seconds=tuple(sorted(seconds)),
         _minutes=tuple(sorted(minutes)),
         _hours=tuple(sorted(hours)),
         _months=tuple(sorted(months)),
+        _day_table=table,
     )
 
 
@@ -309,11 +488,15 @@ def parse(expr: str) -> CronExpr:
 
 
 def _never_fires(cx: CronExpr) -> ValidationError:
-    return ValidationError(
-        "cron",
-        f"expression {cx.expr!r} can never fire: no month in its month field has "
-        "a day in its day-of-month field",
-    )
+    if cx.dom_rule is None and cx.dow_rule is None:
+        why = "a day in its day-of-month field"
+    elif cx.dow_rule is None and len(cx.weekdays) == 7:
+        why = f"the day its day-of-month field {rule_text(cx.dom_rule)!r} selects"  # type: ignore[arg-type]
+    elif cx.dom_rule is None and len(cx.days) == 31:
+        why = f"the day its day-of-week field {rule_text(cx.dow_rule)!r} selects"  # type: ignore[arg-type]
+    else:
+        why = "a day matching both its day-of-month and day-of-week fields (one of them begins with *: AND)"
+    return ValidationError("cron", f"expression {cx.expr!r} can never fire: no month in its month field has {why}")
 
 
 # ------------------------------------------------------------------------ time zones
@@ -399,13 +582,20 @@ def _local_times(cx: CronExpr, start: datetime):
         start.second,
     )
     months, hours, minutes, seconds = cx._months, cx._hours, cx._minutes, cx._seconds
+    table = cx._day_table
     last_year = min(y0 + _MAX_YEARS, 9999)
     y = y0
     while y <= last_year:
         first_year = y == y0
         for mo in months[bisect_left(months, mo0) :] if first_year else months:
             first_month = first_year and mo == mo0
-            for d in _matching_days(cx, y, mo, d0 if first_month else 1):
+            if table is None:
+                month_days = _matching_days(cx, y, mo, d0 if first_month else 1)
+            else:
+                month_days = table[_month_key(y, mo)]
+                if first_month:
+                    month_days = month_days[bisect_left(month_days, d0) :]
+            for d in month_days:
                 first_day = first_month and d == d0
                 for h in hours[bisect_left(hours, h0) :] if first_day else hours:
                     first_hour = first_day and h == h0

@@ -13,19 +13,18 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import replace
-from datetime import timedelta
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError, transaction
 
-from . import conf, db, failpoints, metrics, retention
+from . import conf, db, failpoints, history, metrics, retention
+from .advance import advance
 from .celery_app import get_app, refuse_pickle
 from .identity import process_name
+from .overdue import OverdueWatch
 from .publish import Claimed, Publisher, Sender
 from .queues import QueueGate
 from .reaper import Reaper
-from .recurrence import Recurrence, plan
 from .shards import AllShards, ShardLeases
 from .wakeup import Wakeup
 
@@ -67,6 +66,8 @@ class Dispatcher:
         self.sender = Sender(self.publisher, self._sent, retry_for=self.lease / 2)
         # re-fired runs go out through this dispatcher's sender
         self.reaper = Reaper(self._publish, self.app, lease=self.lease, batch_size=self.batch_size)
+        # overdue recurring jobs: the signals, once per episode (cron_at_scale.overdue)
+        self.overdue = OverdueWatch()
         ttl = float(conf.get("SHARD_LEASE"))
         self.shards = (AllShards(self.batch_size) if shards == "all"
                        else ShardLeases(self.name, ttl, self.batch_size))
@@ -115,43 +116,7 @@ class Dispatcher:
             return runs
 
     def _advance(self, rows) -> list[Claimed]:
-        moved: dict[str, list] = {k: [] for k in ("ids", "fire_ats", "occurrences", "n_attempts", "missed", "skipped", "buffers")}
-        logged: dict[str, list] = {k: [] for k in ("a_job_ids", "a_attempts", "a_scheduled", "a_outcomes")}
-        runs: list[Claimed] = []
-        # Read after the claim locked the rows, in a statement of its own (see running_jobs).
-        watched = [row.id for row in rows if row.overlap != "allow"]
-        busy = {r.job_id for r in db.run("running_jobs", {"ids": watched}, retries=0)} if watched else set()
-        for row in rows:
-            base = Claimed.from_row(row)
-            overlap, buffered_at, db_now = row.overlap, row.buffered_at, row.db_now
-            running = base.job_id in busy
-            rec = Recurrence(str(base.job_id), base.schedule_type, base.cron_expr, base.timezone, row.interval,
-                             row.jitter, row.catchup, row.catchup_window, overlap)
-            occurrence_at = row.occurrence_at or base.fire_at
-            if buffered_at is None and base.fire_at < occurrence_at:
-                buffered_at = base.fire_at  # fire_at moved before the schedule ("run now"): one extra run
-            # Runs due within the look-ahead go to the timers; but whether a run overlaps
-            # the previous one is decided when it is due, not a look-ahead early.
-            early = self.lookahead if overlap == "allow" or not running else 0.0
-            horizon = db_now + timedelta(seconds=early)
-            p = plan(rec, occurrence_at, horizon, running=running, buffered=buffered_at)
-            attempt = base.attempt  # the counter before this claim
-            for (occ, due_at), outcome in [*((s, "skipped") for s in p.skipped), *((f, "dispatched") for f in p.fire)]:
-                attempt += 1
-                logged["a_job_ids"].append(base.job_id)
-                logged["a_attempts"].append(attempt)
-                logged["a_scheduled"].append(due_at)
-                logged["a_outcomes"].append(outcome)
-                if outcome == "dispatched":
-                    runs.append(replace(base, attempt=attempt, fire_at=due_at, occurrence=occ))
-            for key, value in zip(moved, (base.job_id, p.next_fire_at, p.next_occurrence, attempt - base.attempt,
-                                          p.missed, len(p.skipped), p.buffer)):
-                moved[key].append(value)
-            if p.missed or p.skipped:
-                log.warning("job %s: %d occurrences missed (catch-up %s, window %.0fs), %d skipped (overlap %s)",
-                            base.job_id, p.missed, row.catchup, row.catchup_window, len(p.skipped), overlap)
-        db.run("advance_recurring", {**moved, **logged, "lease": self.lease}, fetch="count", retries=0)
-        return runs
+        return advance(rows, lease=self.lease, lookahead=self.lookahead)
 
     def tick(self, wait: bool = True) -> int:
         """Claim one batch; publish what is due now, hold the rest on timers; return the count claimed.
@@ -233,7 +198,8 @@ class Dispatcher:
     # -- the loop -------------------------------------------------------------------------
 
     def step(self, wait: bool = True, claim: bool = True) -> int:
-        """One pass of the loop: refresh shard leases and reap when due, fire timers, claim a batch.
+        """One pass of the loop: refresh shard leases, reap and check for overdue jobs when due, fire
+        timers, claim a batch; when idle, purge (retention) and trim run history.
 
         Returns how many jobs were claimed (0 while the broker is full). ``wait=False`` (the run
         loop) leaves the batch publishing on the sender thread while the next claim runs;
@@ -244,6 +210,7 @@ class Dispatcher:
             self._next_shards = now + self.shard_refresh
             self.shards.refresh()
         self.reaper.maybe_reap(now)
+        self.overdue.maybe_check(now)
         self.fire_timers(wait=wait)
         if not claim or self.broker_full():
             n, self.more_due = 0, False
@@ -252,6 +219,7 @@ class Dispatcher:
         self.fire_timers(wait=wait)
         if not self.more_due:  # idle time only: retention never holds up a busy loop
             retention.maybe_purge()
+            history.maybe_trim()
         return n
 
     def run(self, max_seconds: float | None = None) -> None:

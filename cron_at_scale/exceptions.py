@@ -28,3 +28,17 @@ class RetryableError(Exception):
 
 class Ignore(Exception):
     """Internal: a delivery that must not run (duplicate, superseded or cancelled)."""
+
+
+class KeyConflict(ValidationError):
+    """``schedule(key=K)`` while a live job holds ``K`` with a different schedule; nothing was written.
+
+    ``field`` is the first differing column (``"cron_expr"``, ``"interval"`` ...),
+    ``fields`` all of them, ``job`` the live job. Pass ``update=True`` to change
+    that job in place (``reschedule``), or use another key.
+    """
+
+    def __init__(self, field: str, message: str, *, fields: list[str], job):
+        super().__init__(field, message)
+        self.fields = fields
+        self.job = job

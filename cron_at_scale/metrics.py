@@ -10,7 +10,8 @@ Two kinds:
   (bounded queries, see :mod:`cron_at_scale.status`): pending jobs by
   ``fire_at`` bucket, oldest overdue job, dead-letter queue, attempts in
   progress, expired leases, missed cron occurrences, and the firing lag of
-  the latest attempts. Workers run in Celery's prefork children, whose
+  the latest attempts, overdue recurring jobs (and, per live recurring job
+  with a key, overdue or not and its latest success). Workers run in Celery's prefork children, whose
   per-process counters no scrape reaches; the database already knows what
   they did, so worker-side figures come from here.
 
@@ -34,6 +35,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 log = logging.getLogger(__name__)
 
 REGISTRY = CollectorRegistry(auto_describe=True)
+
+# Per-job series (cron_job_overdue, cron_job_last_success_timestamp_seconds): live recurring jobs
+# with a key only, at most this many, so that the label cardinality stays what the project chose.
+MAX_KEYED_JOBS = 1000
 
 # Firing lag buckets, seconds: sub-second precision is the point, minutes are an incident.
 LAG_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900)
@@ -115,13 +120,14 @@ class DatabaseCollector:
         return []
 
     def collect(self):
-        from . import db, status
+        from . import db, overdue, status
 
         up = GaugeMetricFamily("cron_database_up", "1 when the scheduler's database answered this scrape.")
         for attempt in (1, 2):  # a connection the server closed while idle: reconnect once
             try:
                 snap = status.snapshot()
                 lags = status.recent_lags()
+                health = overdue.keyed_health(MAX_KEYED_JOBS)
                 break
             except Exception as e:  # noqa: BLE001 (a scrape must answer; the reason goes to the log)
                 if attempt == 2:
@@ -192,6 +198,18 @@ class DatabaseCollector:
         yield lag
         yield GaugeMetricFamily("cron_recent_attempts_started", "Attempts the recent firing lag was computed from.",
                                 value=len(lags))
+        yield GaugeMetricFamily("cron_jobs_overdue", "Recurring jobs with no success within their grace of a due "
+                                "occurrence (cron_at_scale.overdue), keyed or not.", value=snap.overdue_jobs_count)
+        late = GaugeMetricFamily("cron_job_overdue", "1 while a live recurring job with a key is overdue (at most "
+                                    f"{MAX_KEYED_JOBS} keys, by key).", labels=["key"])
+        last = GaugeMetricFamily("cron_job_last_success_timestamp_seconds", "When a live recurring job with a key "
+                                 "last succeeded (UNIX seconds; absent until its first success).", labels=["key"])
+        for key, is_overdue, succeeded_at in health:
+            late.add_metric([key], 1 if is_overdue else 0)
+            if succeeded_at is not None:
+                last.add_metric([key], succeeded_at.timestamp())
+        yield late
+        yield last
 
 
 _db_collector = DatabaseCollector()

@@ -105,6 +105,18 @@ class Job(models.Model):
     missed_occurrences = models.PositiveIntegerField(db_default=0)
     skipped_occurrences = models.PositiveIntegerField(db_default=0)
     pause_note = models.TextField(blank=True, db_default="")
+    # "Has it run?" (cron_at_scale.overdue): NULL grace is the OVERDUE_GRACE setting's.
+    grace = models.FloatField(null=True, blank=True, help_text="Seconds an occurrence may go without a success "
+                              "before the job is overdue (empty: the OVERDUE_GRACE setting).")
+    last_success_at = models.DateTimeField(null=True, blank=True, help_text="When a run last succeeded (UTC).")
+    last_success_occurrence = models.DateTimeField(
+        null=True, blank=True, help_text="The latest scheduled time a successful run was fired for.")
+    due_since = models.DateTimeField(
+        null=True, blank=True, help_text="The earliest occurrence fired since the last success (empty: none).")
+    resumed_at = models.DateTimeField(null=True, blank=True,
+                                      help_text="Last resume: earlier occurrences never make it overdue.")
+    overdue_since = models.DateTimeField(
+        null=True, blank=True, help_text="When the dispatchers opened its current overdue episode (empty: none).")
     # Which shard the job belongs to, from the random last 32 bits of its id
     # (dispatchers lease shards to split the work).
     shard = models.GeneratedField(
@@ -186,6 +198,9 @@ class JobAttempt(models.Model):
     error = models.TextField(blank=True, db_default="")
     traceback = models.TextField(blank=True, db_default="")
     result = models.JSONField(null=True, blank=True, help_text="The task's return value, where kept (Django Tasks).")
+    # Runs of this attempt's occurrence lost while running, before this attempt: the reaper's
+    # re-fire limit, carried from attempt to attempt (the older rows may be trimmed away).
+    occurrence_losses = models.IntegerField(db_default=0)
 
     class Meta:
         constraints = [

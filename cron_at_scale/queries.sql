@@ -107,7 +107,10 @@ WHERE job_id = ANY(%(ids)s::uuid[]) AND finished_at IS NULL;
 
 -- name: advance_recurring
 -- Claimed recurring jobs move on to their next occurrence; the runs fired
--- now and the occurrences skipped (overlap) get their attempt rows.
+-- now and the occurrences skipped (overlap) get their attempt rows. due_since
+-- (cron_at_scale.overdue), when a run fires and none is waited on: the
+-- earlier of that run and the occurrence the job was due for (a run fired
+-- late, after an outage, does not hide how long the job has waited).
 WITH moved AS (
     UPDATE cron_at_scale_job AS j
     SET fire_at = v.fire_at, occurrence_at = v.occurrence_at,
@@ -115,10 +118,13 @@ WITH moved AS (
         missed_occurrences = j.missed_occurrences + v.missed,
         skipped_occurrences = j.skipped_occurrences + v.skipped,
         buffered_at = v.buffer,
+        due_since = CASE WHEN v.first_fired IS NULL THEN j.due_since
+                         ELSE COALESCE(j.due_since, LEAST(v.first_fired, GREATEST(j.fire_at, j.occurrence_at))) END,
         updated_at = statement_timestamp()
     FROM unnest(%(ids)s::uuid[], %(fire_ats)s::timestamptz[], %(occurrences)s::timestamptz[],
-                %(n_attempts)s::int[], %(missed)s::int[], %(skipped)s::int[], %(buffers)s::timestamptz[])
-         AS v(id, fire_at, occurrence_at, n_attempts, missed, skipped, buffer)
+                %(n_attempts)s::int[], %(missed)s::int[], %(skipped)s::int[], %(buffers)s::timestamptz[],
+                %(first_fired)s::timestamptz[])
+         AS v(id, fire_at, occurrence_at, n_attempts, missed, skipped, buffer, first_fired)
     WHERE j.id = v.id
 )
 INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome, finished_at)
@@ -167,19 +173,35 @@ WITH done AS (
       -- index on unfinished attempts does not look like a shortcut to the planner;
       -- or reaped as lost while it ran (a stalled worker): its success still counts
       AND (a.outcome IN ('dispatched', 'running') OR (a.outcome = 'lost' AND a.started_at IS NOT NULL))
-    RETURNING a.job_id, a.attempt
+    RETURNING a.job_id, a.attempt, a.scheduled_at, a.outcome
+), succeeded AS (
+    -- per job: the latest scheduled time one of its runs here succeeded for (NULL: none did)
+    SELECT job_id, max(scheduled_at) FILTER (WHERE outcome = 'succeeded') AS occurrence FROM done GROUP BY job_id
 ), completed AS (
     UPDATE cron_at_scale_job AS j
     SET status = CASE WHEN j.schedule_type = 'once' THEN 'completed' ELSE j.status END,
         -- a recurring job with a buffered occurrence (overlap buffer_one) is due now
-        fire_at = CASE WHEN j.schedule_type = 'once' THEN j.fire_at ELSE statement_timestamp() END,
+        fire_at = CASE WHEN j.schedule_type = 'once' OR j.status <> 'pending' OR j.buffered_at IS NULL THEN j.fire_at
+                       ELSE statement_timestamp() END,
         locked_by = CASE WHEN j.schedule_type = 'once' THEN '' ELSE j.locked_by END,
         locked_until = CASE WHEN j.schedule_type = 'once' THEN NULL ELSE j.locked_until END,
-        updated_at = statement_timestamp()
+        -- a recurring job's latest success (cron_at_scale.overdue); due_since clears when the
+        -- success is for the occurrence it waits on or a later one
+        (last_success_at, last_success_occurrence, due_since) = (
+            SELECT CASE WHEN j.schedule_type = 'once' OR s.occurrence IS NULL THEN j.last_success_at
+                        ELSE statement_timestamp() END,
+                   CASE WHEN j.schedule_type = 'once' THEN j.last_success_occurrence
+                        ELSE GREATEST(j.last_success_occurrence, s.occurrence) END,
+                   CASE WHEN j.due_since <= s.occurrence THEN NULL ELSE j.due_since END
+            FROM succeeded AS s WHERE s.job_id = j.id),
+        -- not on a plain recurring success: updated_at is indexed, and leaving every indexed
+        -- column as it was keeps that write a HOT update
+        updated_at = CASE WHEN j.schedule_type <> 'once' AND (j.status <> 'pending' OR j.buffered_at IS NULL)
+                          THEN j.updated_at ELSE statement_timestamp() END
     WHERE j.id = ANY(ARRAY(SELECT job_id FROM done)) AND (
         -- whichever attempt succeeded: a re-fired, retrying or lost-count-failed job is done
         (j.schedule_type = 'once' AND j.status IN ('in_progress', 'pending', 'failed'))
-        OR (j.schedule_type <> 'once' AND j.status = 'pending' AND j.buffered_at IS NOT NULL))
+        OR j.schedule_type <> 'once')
 ), target AS (
     -- The attempt to start: the message's own if still 'dispatched'. If it was marked
     -- lost before any worker started it (its dispatch lease ran out while it waited in
@@ -315,7 +337,7 @@ SET outcome = 'lost', finished_at = statement_timestamp(),
                  ELSE 'lease expired while running: the worker died' END
 FROM expired
 WHERE a.id = expired.id
-RETURNING a.job_id, a.attempt, a.scheduled_at, a.started_at IS NOT NULL AS started;
+RETURNING a.job_id, a.attempt, a.scheduled_at, a.started_at IS NOT NULL AS started, a.occurrence_losses;
 
 -- name: reap_once
 -- One-off jobs of lost attempts go back to pending, to fire again at once with
@@ -340,20 +362,23 @@ RETURNING j.id, j.status, j.attempts, j.task;
 -- the same scheduled occurrence, until that occurrence lost %(max_lost)s runs.
 -- Also when the job was paused after that run was fired: the occurrence came
 -- due before the pause, and pausing stops later occurrences only.
+-- %(losses)s: runs of the occurrence lost while running, this one included,
+-- carried on the attempt rows (occurrence_losses) rather than counted: a count
+-- would read every attempt of the job, and the history trim deletes old ones.
 WITH j AS (
     UPDATE cron_at_scale_job AS j
     SET attempts = j.attempts + 1,
         lost_attempts = j.lost_attempts + CASE WHEN %(started)s THEN 1 ELSE 0 END,
         updated_at = statement_timestamp()
     WHERE j.id = %(job_id)s AND j.schedule_type <> 'once' AND j.status IN ('pending', 'paused')
-      AND (SELECT count(*) FROM cron_at_scale_jobattempt AS a
-           WHERE a.job_id = %(job_id)s AND a.scheduled_at = %(scheduled_at)s AND a.outcome = 'lost'
-             AND a.started_at IS NOT NULL) < %(max_lost)s
+      AND %(losses)s < %(max_lost)s
     RETURNING j.id, j.attempts, j.schedule_type, j.cron_expr, j.timezone, j.task, j.payload, j.queue, j.options
 ), logged AS (
-    INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome)
+    INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome,
+                                          occurrence_losses)
     SELECT id, attempts, %(scheduled_at)s, statement_timestamp(),
-           GREATEST(statement_timestamp(), %(scheduled_at)s) + make_interval(secs => %(lease)s), 'dispatched'
+           GREATEST(statement_timestamp(), %(scheduled_at)s) + make_interval(secs => %(lease)s), 'dispatched',
+           %(losses)s
     FROM j
 )
 SELECT id, attempts, %(scheduled_at)s::timestamptz AS fire_at, schedule_type, cron_expr, timezone, task, payload,
@@ -391,11 +416,148 @@ RETURNING id;
 
 -- name: resume
 -- Back to pending: the occurrences that fell due while paused follow the
--- job's catch-up policy at its next claim.
+-- job's catch-up policy at its next claim. resumed_at: none of them makes
+-- the job overdue before its grace from now (cron_at_scale.overdue).
 UPDATE cron_at_scale_job
-SET status = 'pending', pause_note = '', updated_at = statement_timestamp()
+SET status = 'pending', pause_note = '', resumed_at = statement_timestamp(), updated_at = statement_timestamp()
 WHERE id = %(job_id)s AND status = 'paused'
 RETURNING id;
+
+-- name: overdue_jobs
+-- Recurring jobs overdue now, most overdue first, at most %(limit)s; total: how many in all.
+-- The rule (cron_at_scale.overdue): a pending recurring job is overdue when the
+-- occurrence it waits on is older than its grace (its own, else %(grace)s
+-- seconds): the first run fired since its last success (due_since), else its
+-- next occurrence once due (the later of fire_at and occurrence_at: with its
+-- jitter, and not an extra "run now"); never earlier than its last resume.
+-- overdue_open and overdue_close repeat this expression. A walk of the partial
+-- index cron_job_recurring_fire_at: recurring jobs only, however many one-off jobs.
+SELECT id, key, task, expected_at, grace, last_success_at, overdue_since,
+       extract(epoch FROM statement_timestamp() - expected_at)::float8 AS late_seconds,
+       count(*) OVER () AS total
+FROM (SELECT j.id, j.key, j.task, j.last_success_at, j.overdue_since,
+             GREATEST(LEAST(j.due_since, GREATEST(j.fire_at, j.occurrence_at)), j.resumed_at) AS expected_at,
+             COALESCE(j.grace, %(grace)s::float8) AS grace
+      FROM cron_at_scale_job AS j
+      WHERE NOT j.schedule_type = 'once' AND j.status = 'pending') AS r
+WHERE expected_at <= statement_timestamp() - make_interval(secs => grace)
+ORDER BY expected_at, id
+LIMIT %(limit)s;
+
+-- name: recurring_health
+-- Live recurring jobs with a key (at most %(limit)s, by key): overdue or not (the
+-- rule of overdue_jobs), the latest success. The metrics' per-key gauges.
+SELECT key, last_success_at,
+       status = 'pending' AND GREATEST(LEAST(due_since, GREATEST(fire_at, occurrence_at)), resumed_at)
+           <= statement_timestamp() - make_interval(secs => COALESCE(grace, %(grace)s::float8)) AS overdue
+FROM cron_at_scale_job
+WHERE NOT schedule_type = 'once' AND key IS NOT NULL AND status IN ('pending', 'paused')
+ORDER BY key
+LIMIT %(limit)s;
+
+-- name: overdue_open
+-- Open the overdue episode of jobs newly overdue (the rule of overdue_jobs), at most %(limit)s:
+-- the dispatcher whose statement sets overdue_since sends job_overdue; one running the same
+-- statement at once skips the rows locked here, or finds overdue_since set once they commit.
+WITH found AS (
+    SELECT j.id, GREATEST(LEAST(j.due_since, GREATEST(j.fire_at, j.occurrence_at)), j.resumed_at) AS expected_at,
+           COALESCE(j.grace, %(grace)s::float8) AS grace
+    FROM cron_at_scale_job AS j
+    WHERE NOT j.schedule_type = 'once' AND j.status = 'pending' AND j.overdue_since IS NULL
+      AND GREATEST(LEAST(j.due_since, GREATEST(j.fire_at, j.occurrence_at)), j.resumed_at)
+          <= statement_timestamp() - make_interval(secs => COALESCE(j.grace, %(grace)s::float8))
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE cron_at_scale_job AS j
+SET overdue_since = statement_timestamp()
+FROM found
+WHERE j.id = found.id AND j.overdue_since IS NULL
+RETURNING j.id, found.expected_at, found.grace,
+          extract(epoch FROM statement_timestamp() - found.expected_at)::float8 AS late_seconds;
+
+-- name: overdue_close
+-- Close the episodes of jobs no longer overdue (a success, a pause, an end, or their due
+-- occurrences skipped by policy), at most %(limit)s: whoever clears overdue_since sends job_recovered.
+WITH found AS (
+    SELECT j.id, j.overdue_since
+    FROM cron_at_scale_job AS j
+    WHERE NOT j.schedule_type = 'once' AND j.overdue_since IS NOT NULL
+      AND NOT (j.status = 'pending' AND GREATEST(LEAST(j.due_since, GREATEST(j.fire_at, j.occurrence_at)), j.resumed_at)
+               <= statement_timestamp() - make_interval(secs => COALESCE(j.grace, %(grace)s::float8)))
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE cron_at_scale_job AS j
+SET overdue_since = NULL
+FROM found
+WHERE j.id = found.id AND j.overdue_since IS NOT NULL
+RETURNING j.id, found.overdue_since, j.status, j.last_success_at;
+
+-- name: history_due
+-- Recurring jobs with attempts to trim (cron_at_scale.history): their oldest attempt row is
+-- not their latest, and is beyond their latest %(keep)s or older than %(age)s seconds (NULL:
+-- no such limit). One index probe per recurring job.
+SELECT j.id, j.attempts
+FROM cron_at_scale_job AS j
+CROSS JOIN LATERAL (SELECT a.attempt, a.dispatched_at FROM cron_at_scale_jobattempt AS a
+                    WHERE a.job_id = j.id ORDER BY a.attempt LIMIT 1) AS oldest
+WHERE NOT j.schedule_type = 'once' AND oldest.attempt < j.attempts
+  AND (oldest.attempt <= j.attempts - %(keep)s::int
+       OR oldest.dispatched_at < statement_timestamp() - make_interval(secs => %(age)s::float8));
+
+-- name: history_trim :async
+-- At most %(n)s finished attempts of these jobs (%(job_ids)s, each with its latest attempt
+-- number in %(latests)s) beyond their latest %(keep)s or dispatched more than %(age)s seconds
+-- ago (NULL: no such limit), oldest first. Per job, a bound on the attempt number, then a
+-- range of the (job_id, attempt) index up to it: attempt numbers grow with dispatch time, so
+-- the old attempts lead the range, and only the first %(n)s are read to find the age bound.
+-- Never a job's latest attempt nor an unfinished one; rows another session holds are skipped
+-- (another dispatcher trimming, the reaper, a worker).
+-- Asynchronous commit: a delete lost in a crash of PostgreSQL is done again at the next pass
+-- (a synchronous one cost a WAL flush per statement: most of a pass's time).
+DELETE FROM cron_at_scale_jobattempt WHERE id IN (
+    SELECT d.id
+    FROM unnest(%(job_ids)s::uuid[], %(latests)s::int[]) AS t(job_id, latest)
+    CROSS JOIN LATERAL (
+        SELECT GREATEST(t.latest - %(keep)s::int,
+                        CASE WHEN %(age)s::float8 IS NOT NULL THEN (
+                            SELECT max(f.attempt) FROM (SELECT a.attempt, a.dispatched_at
+                                                        FROM cron_at_scale_jobattempt AS a
+                                                        WHERE a.job_id = t.job_id AND a.attempt < t.latest
+                                                        ORDER BY a.attempt LIMIT %(n)s) AS f
+                            WHERE f.dispatched_at < statement_timestamp() - make_interval(secs => %(age)s::float8))
+                        END) AS upto) AS b
+    CROSS JOIN LATERAL (SELECT a.id FROM cron_at_scale_jobattempt AS a
+                        WHERE a.job_id = t.job_id AND a.attempt < t.latest AND a.attempt <= b.upto
+                          AND a.finished_at IS NOT NULL
+                        ORDER BY a.attempt
+                        LIMIT %(n)s
+                        FOR UPDATE SKIP LOCKED) AS d
+    LIMIT %(n)s
+);
+
+-- name: lock_job
+-- A job row locked for a change (reschedule, resume with missed=): a claim holding it
+-- commits first, a later claim skips it (SKIP LOCKED) until this transaction ends, so
+-- no claim sees it half changed. The columns the claim returns (db_now: read after the
+-- lock, by db_now), so that the change can move it on as a claim would (advance_recurring).
+SELECT id, attempts, fire_at, schedule_type, cron_expr, timezone, task, payload, queue, options, interval,
+       occurrence_at, catchup, catchup_window, overlap, jitter, buffered_at, status,
+       NULL::timestamptz AS db_now
+FROM cron_at_scale_job
+WHERE id = %(job_id)s
+FOR UPDATE;
+
+-- name: supersede_held_runs
+-- A rescheduled job's runs claimed ahead of their time (within the look-ahead) and not
+-- started: occurrences of the old schedule after the change. They end 'skipped'; their
+-- messages, sent at their time, find no 'dispatched' attempt and are not run
+-- (start_attempt). A run already started goes on under its own number.
+UPDATE cron_at_scale_jobattempt
+SET outcome = 'skipped', finished_at = statement_timestamp(), error = 'not run: the job was rescheduled'
+WHERE job_id = %(job_id)s AND finished_at IS NULL AND outcome = 'dispatched' AND scheduled_at > %(now)s
+RETURNING attempt;
 
 -- name: heartbeat_dispatcher
 -- A dispatcher says it is alive (and which shards it holds); returns how many are alive.

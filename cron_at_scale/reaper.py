@@ -72,10 +72,13 @@ class Reaper:
             failed = db.run("reap_once", {"job_ids": [r[0] for r in lost], "attempts": [r[1] for r in lost],
                                           "started": [r[3] for r in lost], "max_lost": self.max_lost}, retries=0)
             once = {r[0] for r in failed}
-            for job_id, _attempt, scheduled_at, started in lost:
-                if job_id in once:
+            # By job id: the order in which a worker's start_attempt locks the recurring jobs whose
+            # successes it records, so the two never wait on each other in a cycle (a deadlock).
+            for r in sorted(lost, key=lambda r: str(r.job_id)):
+                if r.job_id in once:
                     continue
-                rows = db.run("refire_cron", {"job_id": job_id, "scheduled_at": scheduled_at, "started": started,
+                rows = db.run("refire_cron", {"job_id": r.job_id, "scheduled_at": r.scheduled_at, "started": r.started,
+                                              "losses": r.occurrence_losses + (1 if r.started else 0),
                                               "max_lost": self.max_lost, "lease": self.lease}, retries=0)
                 refire += [Claimed.from_row(r) for r in rows]
         log.warning("reaped %d expired leases (%d cron runs fired again): %s", len(lost), len(refire),

@@ -15,7 +15,8 @@ database's ``now``. Rules, per job:
   ``catchup_window`` seconds ago are missed (counted in ``missed_occurrences``, never silently dropped). Within
   the window, ``catchup='latest'`` (default) fires the latest once and counts
   the rest as missed; ``'all'`` fires every one; ``'skip'`` fires one only if
-  it is the only one due (no gap), else none.
+  it is the only one due (no gap), else none. ``resume(job, missed=...)`` overrides the
+  policy once: ``"skip"`` there fires none at all (:data:`NONE`).
 * **Overlap**, when the job's previous run is unfinished: ``'skip'``
   (default) records the occurrence as a skipped attempt; ``'buffer_one'``
   keeps one occurrence to fire when that run ends (more are skipped);
@@ -31,6 +32,7 @@ from datetime import datetime, timedelta
 
 from . import cron
 
+NONE = "none"  # a catch-up that fires no missed occurrence at all: resume(missed="skip")
 MAX_COUNTED = 100_000  # occurrences counted one by one after an outage; beyond, the count is a floor
 _CHUNK = 256
 
@@ -133,6 +135,8 @@ def plan(rec: Recurrence, occurrence: datetime, now: datetime, *, running: bool,
         fire = in_window
     elif rec.catchup == "skip":
         fire = in_window if beyond == 0 and len(in_window) == 1 else []
+    elif rec.catchup == NONE:
+        fire = []
     else:
         fire = in_window[-1:]
     out.missed = beyond + len(in_window) - len(fire)

@@ -5,6 +5,9 @@ Scheduling is an ordinary insert through Django's ORM: inside
 Bad input raises :class:`cron_at_scale.ValidationError` naming the argument,
 and nothing is written.
 
+``reschedule`` changes a stored job in place from the same arguments (the
+writing itself is ``cron_at_scale.control.apply_change``).
+
 The rest of the API lives beside it and is importable from here too:
 ``schedule_many`` (bulk, ``COPY``) in ``cron_at_scale.bulk``; ``cancel``,
 ``requeue``, ``pause``, ``resume`` in ``cron_at_scale.control``; the input
@@ -14,16 +17,18 @@ checks in ``cron_at_scale.validation``.
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 
 from . import conf
 from . import cron as cronlib
-from .control import cancel, pause, requeue, resume
-from .exceptions import ValidationError
+from .control import apply_change, cancel, differing_schedule_fields, pause, requeue, resume
+from .exceptions import KeyConflict, ValidationError
 from .ids import new_job_id
 from .models import LIVE_STATUSES, Job, ScheduleType, Status
 from .recurrence import Recurrence
@@ -34,6 +39,7 @@ from .validation import (
     MAX_INT_BITS,
     MAX_JSON_DEPTH,
     OPTIONS,
+    check_changes,
     check_json,
     check_option,
     check_policy,
@@ -49,8 +55,8 @@ from .validation import (
 if TYPE_CHECKING:
     from .bulk import schedule_many
 
-__all__ = ["schedule", "build_job", "db_now", "schedule_many", "cancel", "requeue", "pause", "resume",
-           "ValidationError", "MAX_COUNTDOWN", "MAX_INT_BITS", "MAX_JSON_DEPTH"]
+__all__ = ["schedule", "reschedule", "build_job", "db_now", "schedule_many", "cancel", "requeue", "pause", "resume",
+           "ValidationError", "KeyConflict", "MAX_COUNTDOWN", "MAX_INT_BITS", "MAX_JSON_DEPTH"]
 
 
 def db_now() -> datetime:
@@ -77,6 +83,7 @@ def build_job(
     catchup_window: float | timedelta | None = None,
     overlap: str = "skip",
     jitter: float | timedelta = 0,
+    grace: float | timedelta | None = None,
     _db_now: datetime | None = None,
     _registered: set[str] | None = None,
     **options: Any,
@@ -119,6 +126,10 @@ def build_job(
     policy = check_policy(recurring, catchup, catchup_window, overlap, jitter)
     if every is not None:
         every = seconds("every", every, minimum=0.001)
+    if grace is not None:
+        grace = seconds("grace", grace, minimum=0.001)
+        if not recurring:
+            raise ValidationError("grace", "applies to recurring jobs only (cron= or every=)")
     if at is not None:
         if not isinstance(at, datetime):
             raise ValidationError("at", f"must be a datetime, got {type(at).__name__}")
@@ -177,6 +188,7 @@ def build_job(
         cancel_requested=False,
         locked_by="",
         key=key,
+        grace=grace,
     )
 
 
@@ -185,7 +197,7 @@ def _live_job_by_key(key: str) -> Job | None:
 
 
 
-def schedule(task: Any, **spec: Any) -> Job:
+def schedule(task: Any, *, update: bool = False, **spec: Any) -> Job:
     """Schedule one job and return it (the ``Job`` row, saved).
 
     ``task``: a Celery task or its registered name. Exactly one of, or none of:
@@ -198,19 +210,28 @@ def schedule(task: Any, **spec: Any) -> Job:
     the task's (``retry_kwargs["max_retries"]`` for its ``autoretry_for`` errors, else its
     ``max_retries``, Celery's default 3).
     ``key``: idempotency key, unique among live (pending, in-progress or
-    paused) jobs; scheduling the same key again returns the existing job.
+    paused) jobs; scheduling the same key again returns the existing job, if its
+    schedule is the same (``schedule_type``, ``cron_expr``, ``timezone``, ``interval``,
+    ``catchup``, ``catchup_window``, ``overlap``, ``jitter``); if one differs it raises
+    ``cron_at_scale.KeyConflict`` naming them, unless ``update=True``: then the
+    live job is changed in place to this call's definition (:func:`reschedule`; a
+    one-off job already claimed is returned unchanged).
     ``every``: seconds (or a timedelta) between occurrences of an interval
     job, counted from the previous scheduled one (first at ``at`` if given).
     Recurring jobs (``cron``/``every``) take ``catchup`` (``"latest"``,
     ``"all"``, ``"skip"``), ``catchup_window`` (seconds, default 300),
     ``overlap`` (``"skip"``, ``"buffer_one"``, ``"allow"``) and ``jitter``
-    (seconds); see ``cron_at_scale.recurrence``. ``priority``: Celery message priority. ``retry_backoff``,
+    (seconds); see ``cron_at_scale.recurrence``. ``grace``: seconds an occurrence of a recurring job
+    may go without a successful run before the job is overdue (default: the ``OVERDUE_GRACE``
+    setting, 300 s); see ``cron_at_scale.overdue``. ``priority``: Celery message priority. ``retry_backoff``,
     ``retry_backoff_max`` (seconds), ``retry_jitter``, ``retry_all_exceptions``:
     this job's retry policy (see ``cron_at_scale.retry``).
 
     Raises ``cron_at_scale.ValidationError`` (field named) and writes nothing.
     """
     refuse_private(spec)
+    if not isinstance(update, bool):
+        raise ValidationError("update", f"must be True or False, got {show(update, 40)}")
     job = build_job(task, **spec)
     if job.key is None:
         job.save(force_insert=True)
@@ -225,7 +246,118 @@ def schedule(task: Any, **spec: Any) -> Job:
             with transaction.atomic():
                 job.save(force_insert=True)
             return job
+    differ = differing_schedule_fields(existing, job)
+    if not update:
+        if differ:
+            raise KeyConflict(differ[0], f"key {job.key!r} is held by live job {existing.id}, whose schedule differs "
+                              "in " + ", ".join(f"{f} ({show(getattr(existing, f), 40)} there, "
+                                                f"{show(getattr(job, f), 40)} here)" for f in differ)
+                              + ": pass update=True to change that job in place, or use another key",
+                              fields=differ, job=existing)
         return existing
+    if existing.schedule_type == ScheduleType.ONCE and existing.status != Status.PENDING:
+        return existing  # already claimed or running: left alone
+    return reschedule(existing, **_definition_spec(job, spec))
+
+
+def _definition_spec(job: Job, given: Mapping[str, Any]) -> dict[str, Any]:
+    """``reschedule()`` arguments that make a stored job look like ``job`` (built from ``given``)."""
+    spec: dict[str, Any] = {"task": job.task, "args": job.payload["args"], "kwargs": job.payload["kwargs"],
+                            "queue": job.queue or None, "max_retries": job.max_retries, "tz": job.timezone,
+                            **{opt: job.options.get(opt) for opt in OPTIONS}}
+    if job.schedule_type != ScheduleType.ONCE:
+        spec.update(catchup=job.catchup, catchup_window=job.catchup_window, overlap=job.overlap, jitter=job.jitter)
+        spec["cron" if job.schedule_type == ScheduleType.CRON else "every"] = job.cron_expr or job.interval
+    for name in ("at", "countdown"):
+        if given.get(name) is not None:
+            spec[name] = given[name]
+    return spec
+
+
+def _locked_job(job_or_key: Any) -> Job:
+    """The job named by ``job_or_key`` (a ``Job``, its id, or the key of a live job), row-locked."""
+    if isinstance(job_or_key, Job):
+        lookup = Q(pk=job_or_key.pk)
+    elif isinstance(job_or_key, uuid.UUID):
+        lookup = Q(pk=job_or_key)
+    elif isinstance(job_or_key, str) and job_or_key:
+        try:
+            lookup = Q(pk=uuid.UUID(job_or_key)) | Q(key=job_or_key, status__in=LIVE_STATUSES)
+        except ValueError:
+            lookup = Q(key=check_text("job_or_key", job_or_key, 255), status__in=LIVE_STATUSES)
+    else:
+        raise ValidationError("job_or_key", f"must be a Job, a job id or a key, got {show(job_or_key, 60)}")
+    job = Job.objects.select_for_update().filter(lookup).order_by("-created_at").first()
+    if job is None:
+        raise ValidationError("job_or_key", f"no job with id or live key {show(job_or_key, 80)}")
+    return job
+
+
+def reschedule(job_or_key: Any, **changes: Any) -> Job:
+    """Change a stored job in place and return it, refreshed. Only the arguments given change.
+
+    ``job_or_key``: a ``Job``, its id (UUID or text), or the key of a live job.
+    ``changes``: ``schedule()``'s arguments but ``key``, and ``task``: ``cron`` and
+    ``tz``, ``every`` (and ``at``, an interval's first occurrence), ``args``,
+    ``kwargs``, ``queue``, ``max_retries``, ``catchup``, ``catchup_window``,
+    ``overlap``, ``jitter``, ``priority`` and the retry options (``None`` removes
+    an option; ``queue=None``, ``max_retries=None``: the task's). ``cron`` on an
+    interval job makes it a cron job, ``every`` on a cron job an interval job.
+    A one-off job takes ``at`` or ``countdown``, and only while ``pending``.
+
+    A recurring job whose schedule changes (cron expression, zone, interval,
+    jitter, ``at``) runs from the new schedule's first occurrence after the
+    change, on the database clock (an interval: ``every`` seconds after the
+    change, or at ``at``): occurrences of the old schedule due before the change
+    fire as the dispatcher would have fired them; its runs claimed ahead of their
+    time and not started do not run; a run already started finishes under its own
+    attempt number. Changing only arguments, queue, options or policies keeps
+    ``fire_at`` (a run claimed ahead of its time goes out as claimed). Also works
+    on a paused job (it stays paused; the occurrences of the old schedule it
+    missed are counted in ``missed_occurrences``).
+
+    One transaction, the job's row locked (``SELECT ... FOR UPDATE``): a
+    dispatcher claiming it meanwhile either committed first (its runs are
+    handled as above) or skips it until this commits. Raises
+    ``cron_at_scale.ValidationError`` naming the field (an unknown argument, a
+    bad value, a job not live, a one-off already claimed, one-off to recurring
+    or back) and changes nothing.
+    """
+    with transaction.atomic():
+        job = _locked_job(job_or_key)
+        new = changed_job(job, changes)
+        apply_change(job, new, move=any(changes.get(n) is not None for n in ("at", "countdown")))
+    job.refresh_from_db()
+    return job
+
+
+def changed_job(job: Job, changes: Mapping[str, Any]) -> Job:
+    """The unsaved, validated job ``job`` becomes with ``changes`` (``reschedule()``'s arguments);
+    writes nothing. Raises ``ValidationError`` naming the argument at fault."""
+    check_changes(job.schedule_type, changes)
+    return build_job(changes.get("task", job.task), _db_now=db_now(), _registered={job.task},
+                     **_merged_spec(job, changes))
+
+
+def _merged_spec(job: Job, changes: Mapping[str, Any]) -> dict[str, Any]:
+    """``build_job()`` arguments (but the task) for ``job`` with ``changes`` applied."""
+    spec: dict[str, Any] = {"args": job.payload.get("args", []), "kwargs": job.payload.get("kwargs", {}),
+                            "tz": job.timezone, "queue": job.queue or None, "max_retries": job.max_retries,
+                            **job.options}
+    if job.schedule_type != ScheduleType.ONCE:
+        spec.update(catchup=job.catchup, catchup_window=job.catchup_window, overlap=job.overlap, jitter=job.jitter)
+        if changes.get("cron") is None and changes.get("every") is None:
+            spec["cron" if job.schedule_type == ScheduleType.CRON else "every"] = job.cron_expr or job.interval
+    for name, value in changes.items():
+        if name == "task":
+            continue
+        if name in OPTIONS and value is None:
+            spec.pop(name, None)
+        elif name in ("at", "countdown", "cron", "every") and value is None:
+            continue
+        else:
+            spec[name] = value
+    return spec
 
 
 def __getattr__(name: str) -> Any:

@@ -73,6 +73,11 @@ class StatusReport:
     # Broker queues (cron_at_scale.queues): queue, depth, consumers, state (ok, full, no consumer,
     # unknown), held (the dispatchers keep its jobs in the database)
     queues: list[dict[str, Any]] = field(default_factory=list)
+    # Recurring jobs overdue (cron_at_scale.overdue: no success within their grace of a due
+    # occurrence; not the pending.overdue bucket): how many, and the most overdue (at most 100):
+    # id, key, task, expected_at, late_seconds, grace, last_success_at, overdue_since
+    overdue_jobs_count: int = 0
+    overdue_jobs: list[dict[str, Any]] = field(default_factory=list)
     capped: list[str] = field(default_factory=list)  # figures that hit their count cap (true value >= shown)
     estimated: list[str] = field(default_factory=list)  # figures from the planner's statistics
 
@@ -309,12 +314,15 @@ def snapshot(window: float = DEFAULT_WINDOW) -> StatusReport:
                               "WHERE NOT schedule_type = 'once'")
         alive, names = _dispatchers(cur)
         worker_rows = workers(cur)
+    from .overdue import overdue_jobs
     from .queues import survey
 
     queue_rows = [q.as_dict() for q in survey()]
+    late, late_count = overdue_jobs()
     return StatusReport(
         db_now=db_now.isoformat(), pending=pending, oldest_overdue_seconds=round(overdue, 3),
         lag_seconds=lag, lag_window_seconds=window, lag_sample=sample, in_progress=in_progress,
         expired_leases=expired, dlq=dlq, paused=paused, missed_occurrences=int(missed),
         dispatchers_alive=alive, dispatchers=names, workers=worker_rows, queues=queue_rows, capped=capped, estimated=estimated,
+        overdue_jobs_count=late_count, overdue_jobs=[o.as_dict() for o in late],
     )

@@ -21,9 +21,13 @@ from .exceptions import ValidationError
 from .models import DEFAULT_CATCHUP_WINDOW, Catchup, Overlap
 
 ARGUMENTS = ["args", "kwargs", "at", "countdown", "cron", "every", "tz", "queue", "max_retries", "key",
-              "catchup", "catchup_window", "overlap", "jitter"]
+              "catchup", "catchup_window", "overlap", "jitter", "grace"]
 _CATCHUPS = tuple(Catchup.values)
 _OVERLAPS = tuple(Overlap.values)
+# resume(missed=...): what to do with the occurrences that fell due while a job was paused
+RESUME_CHOICES = ("skip", "latest", "all")
+# What reschedule() may change (the key names the job, it cannot change).
+RESCHEDULE_ARGUMENTS = ["task", *(a for a in ARGUMENTS if a != "key")]
 MAX_COUNTDOWN = 100 * 365 * 86400  # seconds; a longer horizon is a bug, not a plan
 MAX_JSON_DEPTH = 64
 MAX_INT_BITS = 1024  # far beyond any id or amount; Python refuses to print ints of ~4300+ digits
@@ -117,6 +121,22 @@ def refuse_private(spec: Mapping[str, Any]) -> None:
             raise ValidationError("specs", f"argument names must be strings, got {show(name)}")
         if name.startswith("_"):
             raise ValidationError(name, "unknown argument")
+
+
+def check_changes(schedule_type: str, changes: Mapping[str, Any]) -> None:
+    """The argument names of ``reschedule()`` for a job of ``schedule_type``; their values are
+    checked with the job they make (``build_job``)."""
+    refuse_private(changes)
+    for name in changes:
+        if name not in RESCHEDULE_ARGUMENTS and name not in OPTIONS:
+            raise ValidationError(name, f"unknown argument; reschedule() takes "
+                                        f"{', '.join(RESCHEDULE_ARGUMENTS + sorted(OPTIONS))}")
+    if schedule_type != "once":
+        cron_after = changes.get("cron") is not None or (changes.get("every") is None and schedule_type == "cron")
+        for name in ("countdown", "at") if cron_after else ("countdown",):
+            if changes.get(name) is not None:
+                raise ValidationError(name, f"does not apply to a {'cron' if cron_after else 'recurring'} job "
+                                            "(an interval job takes at=, its first occurrence)")
 
 
 def check_option(opt: str, value: Any) -> None:

@@ -7,4 +7,4 @@ class DemoConfig(AppConfig):
 
     def ready(self):
         # Celery's autodiscovery imports only demo.tasks; the nemesis run's ledger tasks register here.
-        from . import ledger  # noqa: F401
+        from . import ledger, signals  # noqa: F401 (signals: the overdue signals' test receivers)

@@ -142,7 +142,10 @@ def test_run_now_requeue_pause_resume(superuser_client):
     act("pause_jobs", recurring, once)
     assert (Job.objects.get(id=recurring.id).status, Job.objects.get(id=once.id).status) == ("paused", "pending")
     assert "paused in the admin by root" in Job.objects.get(id=recurring.id).pause_note
-    act("resume_jobs", recurring)
+    act("resume_jobs", recurring)  # asks what to do with the missed occurrences first
+    assert Job.objects.get(id=recurring.id).status == "paused"
+    superuser_client.post(URL, {"action": "resume_jobs", "_selected_action": [str(recurring.id)], "post": "yes",
+                                "missed": ""})
     assert Job.objects.get(id=recurring.id).status == "pending"
 
 
@@ -152,3 +155,25 @@ def test_attempt_log_admin_is_read_only_and_filterable_by_job(superuser_client):
     r = superuser_client.get(f"/admin/cron_at_scale/jobattempt/?job__id__exact={job.id}")
     assert r.status_code == 200 and len(r.context["cl"].result_list) == 1
     assert superuser_client.get("/admin/cron_at_scale/job/add/").status_code == 403
+
+
+def test_job_page_previews_the_next_fires_of_a_quartz_form(superuser_client):
+    """The change page lists a cron job's next fires in its zone: ``0 2 L * *`` in Berlin gives the
+    last day of each month (checked against the calendar), at 02:00 local time."""
+    import calendar
+    from zoneinfo import ZoneInfo
+
+    job = cron_at_scale.schedule(noop, cron="0 2 L * *", tz="Europe/Berlin")
+    lines = jobadmin.next_fires_text(Job.objects.get(id=job.id))
+    assert len(lines) == jobadmin.NEXT_FIRES_SHOWN
+    local = Job.objects.get(id=job.id).occurrence_at.astimezone(ZoneInfo("Europe/Berlin"))
+    assert local.day == calendar.monthrange(local.year, local.month)[1]
+    for line in lines:
+        day = line.split()[1]
+        y, m, d = (int(x) for x in day.split("-"))
+        assert d == calendar.monthrange(y, m)[1], line
+    page = superuser_client.get(URL + f"{job.id}/change/").content.decode()
+    assert "Next 5 fires" in page, page
+    assert all(line in page for line in lines), page
+    once = cron_at_scale.schedule(noop, countdown=60)
+    assert jobadmin.next_fires_text(Job.objects.get(id=once.id)) == []

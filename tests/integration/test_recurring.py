@@ -148,3 +148,51 @@ def test_bad_policy_input_names_the_field(spec, field):
         cron_at_scale.schedule(noop, **spec)
     assert err.value.field == field
     assert Job.objects.count() == 0
+
+
+def _month_ends(now: datetime) -> list[datetime]:
+    """Midnight UTC of the last day of the months around ``now`` (from the calendar, not from cron)."""
+    import calendar
+
+    ends = []
+    for back in range(-4, 4):
+        y, m = divmod(now.year * 12 + now.month - 1 + back, 12)
+        ends.append(datetime(y, m + 1, calendar.monthrange(y, m + 1)[1], tzinfo=timezone.utc))
+    return ends
+
+
+def test_a_last_day_of_month_job_advances_to_the_next_last_day():
+    """``0 0 L * *`` through schedule() and the dispatcher's claim: a due occurrence fires and the job
+    moves to the next month's last day (months of 30 and 31 days, February)."""
+    ((now,),) = sql("SELECT statement_timestamp()")
+    ends = _month_ends(now)
+    past, future = [e for e in ends if e <= now], [e for e in ends if e > now]
+    job = cron_at_scale.schedule(noop, cron="0 0 L * *", catchup_window=40 * 86400)
+    row = Job.objects.get(id=job.id)
+    assert row.occurrence_at == row.fire_at == future[0]
+    sql("UPDATE cron_at_scale_job SET fire_at = %s, occurrence_at = %s WHERE id = %s", [past[-1], past[-1], job.id])
+    runs = Dispatcher(lookahead=0).claim()
+    assert [r.occurrence for r in runs] == [past[-1]]
+    row = Job.objects.get(id=job.id)
+    assert (row.occurrence_at, row.fire_at, row.missed_occurrences) == (future[0], future[0], 0)
+    # catch-up 'all' from two month-ends back: both fire, in order, then the next one is pending
+    every = cron_at_scale.schedule(noop, cron="0 0 L * *", catchup="all", overlap="allow",
+                                   catchup_window=70 * 86400)
+    sql("UPDATE cron_at_scale_job SET fire_at = %s, occurrence_at = %s WHERE id = %s", [past[-2], past[-2], every.id])
+    runs = Dispatcher(lookahead=0).claim()
+    assert [r.occurrence for r in runs] == past[-2:]
+    assert Job.objects.get(id=every.id).occurrence_at == future[0]
+
+
+@pytest.mark.parametrize(("cron", "part"), [
+    ("0 0 1,L * *", "day-of-month"), ("0 0 * * 2#6", "day-of-week"), ("L * * * *", "minute"),
+    ("* * 30W 2 *", "day-of-month"), ("0 0 L-31 * *", "day-of-month"), ("0 0 * * 3W", "day-of-week"),
+])
+def test_bad_quartz_forms_are_refused_by_schedule(cron, part):
+    with pytest.raises(ValidationError) as err:
+        cron_at_scale.schedule(noop, cron=cron)
+    assert err.value.field == "cron" and part in str(err.value)
+    with pytest.raises(ValidationError) as err:
+        cron_at_scale.schedule_many([{"task": noop.name, "cron": "0 0 L * *"}, {"task": noop.name, "cron": cron}])
+    assert err.value.field == "[1].cron" and part in str(err.value)
+    assert Job.objects.count() == 0

@@ -10,7 +10,8 @@ import cron_at_scale
 from cron_at_scale import scheduling, worker
 
 
-@pytest.mark.parametrize("name", ["schedule", "schedule_many", "cancel", "requeue", "pause", "resume"])
+@pytest.mark.parametrize("name", ["schedule", "reschedule", "schedule_many", "cancel", "requeue", "pause",
+                                  "resume"])
 def test_wrapper_has_the_signature_of_the_scheduling_function(name):
     wrapper, wrapped = getattr(cron_at_scale, name), getattr(scheduling, name)
     assert wrapper is not wrapped  # a wrapper, so importing cron_at_scale needs no app registry

@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 import cron_at_scale
-from cron_at_scale import ValidationError
+from cron_at_scale import KeyConflict, ValidationError
 
 from ._cliutil import aware_datetime, json_of, seconds
 
@@ -20,7 +20,8 @@ class Command(BaseCommand):
         "  cron_schedule myapp.tasks.report --args '[42]' --countdown 300      # once, in 5 minutes\n"
         "  cron_schedule myapp.tasks.report --at 2030-01-01T09:00:00+01:00     # once, at that instant\n"
         "  cron_schedule myapp.tasks.report --cron '0 9 * * MON-FRI' --tz Europe/Paris --key daily-report\n"
-        "  cron_schedule myapp.tasks.poll --every 30                           # every 30 seconds"
+        "  cron_schedule myapp.tasks.poll --every 30                           # every 30 seconds\n"
+        "  cron_schedule myapp.tasks.report --cron '0 10 * * MON-FRI' --key daily-report --update  # change it"
     )
 
     def create_parser(self, prog_name, subcommand, **kwargs):
@@ -42,19 +43,28 @@ class Command(BaseCommand):
         when.add_argument("--every", type=seconds, help="run every this many seconds")
         parser.add_argument("--tz", default="UTC", help="IANA time zone of --cron (default UTC)")
         parser.add_argument("--queue", help="Celery queue (default: the task's routing)")
-        parser.add_argument("--key", help="idempotency key: if a live job has it, that job's id is printed, "
-                                          "nothing new is scheduled")
+        parser.add_argument("--key", help="idempotency key: if a live job has it with the same schedule, that job's "
+                                          "id is printed and nothing new is scheduled; with another schedule, an "
+                                          "error names what differs (see --update)")
+        parser.add_argument("--update", action="store_true",
+                            help="with --key: change the live job holding the key in place to this definition "
+                                 "(cron_at_scale.reschedule: from the new schedule's next occurrence, no run lost "
+                                 "or doubled)")
         parser.add_argument("--max-retries", type=int, default=None,
                             help="retries after the first attempt (default: the task's, Celery's meaning)")
 
     def handle(self, *args, **opts):
+        if opts["update"] and not opts["key"]:
+            raise CommandError("--update needs --key: it changes the live job holding that key")
         spec = {"args": opts["task_args"], "kwargs": opts["task_kwargs"], "tz": opts["tz"], "queue": opts["queue"],
                 "key": opts["key"], "max_retries": opts["max_retries"]}
         for name in ("at", "countdown", "cron", "every"):
             if opts[name] is not None:
                 spec[name] = opts[name]
         try:
-            job = cron_at_scale.schedule(opts["task"], **spec)
+            job = cron_at_scale.schedule(opts["task"], update=opts["update"], **spec)
+        except KeyConflict as e:
+            raise CommandError(f"{e} (here: --update)") from None
         except ValidationError as e:
             raise CommandError(str(e)) from None
         except DatabaseError as e:

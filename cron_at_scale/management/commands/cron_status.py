@@ -12,12 +12,13 @@ from cron_at_scale.status import COUNT_CAP, DEFAULT_WINDOW, StatusReport, snapsh
 from ._cliutil import seconds
 
 BEHIND_AFTER = 5.0  # seconds a due job may wait before the scheduler counts as behind
+OVERDUE_LISTED = 20  # overdue recurring jobs listed, most overdue first
 
 
 class Command(BaseCommand):
     help = (
         "Show pending jobs by fire time, firing lag, attempts in progress, expired leases, the dead-letter "
-        "queue, live dispatchers and Celery workers (alive, last consumed, stuck). 'behind' is true when a due job has waited longer than --behind-after "
+        "queue, overdue recurring jobs, live dispatchers and Celery workers (alive, last consumed, stuck). 'behind' is true when a due job has waited longer than --behind-after "
         "seconds (dispatchers down or too slow). --json prints one JSON object (for scripts and monitoring); "
         "--fail-if-behind exits 2 when behind (for a cron or health check). Every query is bounded: counts "
         f"stop at {COUNT_CAP:,} (listed in 'capped')."
@@ -63,6 +64,13 @@ class Command(BaseCommand):
             f"{n('expired_leases', s.expired_leases)} with an expired lease")
         out(f"dead-letter queue {n('dlq', s.dlq)} failed jobs")
         out(f"paused            {n('paused', s.paused)} recurring jobs; {s.missed_occurrences} cron occurrences missed")
+        out(f"overdue recurring {s.overdue_jobs_count}" + (" (no success within their grace)" if s.overdue_jobs_count else ""))
+        for o in s.overdue_jobs[:OVERDUE_LISTED]:
+            last = o["last_success_at"] or "never"
+            out(f"  {o['id']} {o['key'] or o['task']:<28} due {o['expected_at']}, {o['late_seconds']:.0f} s ago "
+                f"(grace {o['grace']:g} s), last success {last}")
+        if s.overdue_jobs_count > OVERDUE_LISTED:
+            out(f"  … {s.overdue_jobs_count - OVERDUE_LISTED} more (--json lists {len(s.overdue_jobs)}; admin: ?overdue=yes)")
         out(f"dispatchers alive {s.dispatchers_alive}" + (f" ({', '.join(s.dispatchers)})" if s.dispatchers else ""))
         alive = [w for w in s.workers if w["alive"]]
         stuck = [w for w in alive if w["stuck"]]

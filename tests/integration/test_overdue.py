@@ -1,0 +1,323 @@
+"""Overdue recurring jobs and bounded run history, in process on PostgreSQL.
+
+Time is moved by moving the jobs' times into the past (as tests/integration/test_recurring.py
+does), never by sleeping. The end-to-end run with real processes is
+tests/acceptance/test_overdue_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from demo.tasks import noop
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.test import Client
+from helpers import sql
+
+import cron_at_scale
+from cron_at_scale import ValidationError, conf, history, metrics
+from cron_at_scale.completer import InlineCompleter
+from cron_at_scale.db import run as run_query
+from cron_at_scale.dispatcher import Dispatcher
+from cron_at_scale.models import Job, JobAttempt
+from cron_at_scale.overdue import OverdueWatch, overdue_jobs
+from cron_at_scale.signals import job_overdue, job_recovered
+from cron_at_scale.status import snapshot
+
+pytestmark = pytest.mark.django_db
+
+YEARLY = "0 0 1 1 *"  # one occurrence in sight: the test decides when it was due
+
+
+def due(job, seconds_ago: float) -> None:
+    """Make the job's pending occurrence due ``seconds_ago`` (nobody fired it)."""
+    sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - make_interval(secs => %s), "
+        "occurrence_at = statement_timestamp() - make_interval(secs => %s) WHERE id = %s",
+        [seconds_ago, seconds_ago, job.id])
+
+
+def overdue_ids() -> set:
+    return {o.id for o in overdue_jobs()[0]}
+
+
+def claim() -> list:
+    return Dispatcher(name="t", lookahead=0).claim()
+
+
+def fail(job_id, attempt: int) -> None:
+    run_query("finish_attempt", {"job_id": job_id, "attempt": attempt, "outcome": "failed", "status": "failed",
+                                 "error": "boom", "traceback": ""}, fetch="count")
+
+
+def succeed(job_id, attempt: int) -> None:
+    InlineCompleter().complete(str(job_id), attempt)  # the worker's own statement (start_attempt)
+
+
+@pytest.fixture
+def signals():
+    got: list[tuple[str, dict]] = []
+
+    def on_overdue(sender, **kw):
+        got.append(("overdue", kw))
+
+    def on_recovered(sender, **kw):
+        got.append(("recovered", kw))
+
+    job_overdue.connect(on_overdue)
+    job_recovered.connect(on_recovered)
+    yield got
+    job_overdue.disconnect(on_overdue)
+    job_recovered.disconnect(on_recovered)
+
+
+def test_a_job_is_not_overdue_before_its_first_occurrence_plus_grace():
+    job = cron_at_scale.schedule(noop, cron="* * * * * *", grace=5)
+    assert str(job.id) not in overdue_ids()  # first occurrence in the future
+    due(job, 3)
+    assert str(job.id) not in overdue_ids()  # due, within its grace
+    due(job, 6)
+    assert str(job.id) in overdue_ids()  # due 6 s ago and nobody fired it (no dispatcher, a held queue)
+
+
+def test_a_failed_run_leaves_the_job_overdue_until_a_run_succeeds():
+    job = cron_at_scale.schedule(noop, cron=YEARLY, grace=5)
+    due(job, 10)
+    (run,) = claim()
+    row = Job.objects.get(id=job.id)
+    assert row.due_since == run.fire_at  # the run fired, waited on
+    assert str(job.id) in overdue_ids()  # fired 10 s late: late already
+    fail(job.id, run.attempt)
+    (listed,) = overdue_jobs()[0]
+    assert listed.expected_at == run.fire_at and listed.late_seconds >= 10 and listed.grace == 5
+    assert listed.last_success_at is None
+
+    again = cron_at_scale.schedule(noop, cron=YEARLY, grace=5)
+    due(again, 10)
+    (run2,) = claim()
+    succeed(again.id, run2.attempt)
+    row = Job.objects.get(id=again.id)
+    assert row.last_success_at is not None and row.last_success_occurrence == run2.fire_at
+    assert row.due_since is None
+    assert str(again.id) not in overdue_ids()
+    assert str(job.id) in overdue_ids()
+
+
+def test_a_success_for_an_earlier_occurrence_does_not_clear_a_later_wait():
+    job = cron_at_scale.schedule(noop, cron=YEARLY, grace=5, overlap="allow")
+    due(job, 10)
+    (first,) = claim()
+    sql("UPDATE cron_at_scale_job SET due_since = %s + interval '1 second' WHERE id = %s", [first.fire_at, job.id])
+    succeed(job.id, first.attempt)
+    row = Job.objects.get(id=job.id)
+    assert row.due_since is not None and row.last_success_occurrence == first.fire_at
+
+
+def test_a_paused_job_is_not_overdue_and_resume_gives_it_its_grace_again():
+    job = cron_at_scale.schedule(noop, cron="* * * * * *", grace=5)
+    due(job, 10)
+    assert str(job.id) in overdue_ids()
+    assert cron_at_scale.pause(job.id)
+    assert str(job.id) not in overdue_ids()
+    assert cron_at_scale.resume(job.id)
+    assert str(job.id) not in overdue_ids()  # its grace counts from the resume
+    sql("UPDATE cron_at_scale_job SET resumed_at = resumed_at - interval '6 seconds' WHERE id = %s", [job.id])
+    assert str(job.id) in overdue_ids()
+
+
+def test_occurrences_skipped_by_the_catch_up_policy_are_not_waited_on(signals):
+    job = cron_at_scale.schedule(noop, cron="* * * * *", catchup="skip", grace=5)
+    due(job, 3600)
+    assert str(job.id) in overdue_ids()  # while nobody fires it
+    assert OverdueWatch().check() == (1, 0)
+    assert claim() == []  # catch-up 'skip': none fired, the schedule moves on
+    assert str(job.id) not in overdue_ids()
+    assert OverdueWatch().check() == (0, 1)
+    assert signals[-1][0] == "recovered" and signals[-1][1]["reason"] == "not due"
+
+
+def test_the_watch_sends_job_overdue_once_per_episode_and_job_recovered_when_it_clears(signals):
+    job = cron_at_scale.schedule(noop, cron=YEARLY, grace=5, key="nightly-report")
+    paused = cron_at_scale.schedule(noop, cron=YEARLY, grace=5)
+    ended = cron_at_scale.schedule(noop, cron=YEARLY, grace=5)
+    for j in (job, paused, ended):
+        due(j, 10)
+    d1, d2 = OverdueWatch(), OverdueWatch()  # two dispatchers
+    assert d1.check() == (3, 0)
+    assert d2.check() == (0, 0) and d1.check() == (0, 0)  # one signal per episode
+    assert sorted(kw["job"].id for name, kw in signals) == sorted([job.id, paused.id, ended.id])
+    event = next(kw for _, kw in signals if kw["job"].id == job.id)
+    assert event["late_seconds"] >= 10 and event["grace"] == 5 and event["job"].key == "nightly-report"
+    assert Job.objects.get(id=job.id).overdue_since is not None
+
+    signals.clear()
+    run = next(r for r in claim() if r.job_id == job.id)
+    assert d2.check() == (0, 0)  # fired, not succeeded: still overdue, same episode
+    succeed(job.id, run.attempt)
+    assert cron_at_scale.pause(paused.id)
+    assert cron_at_scale.cancel(ended.id)
+    assert d2.check() == (0, 3) and d1.check() == (0, 0)
+    reasons = {kw["job"].id: kw["reason"] for name, kw in signals if name == "recovered"}
+    assert reasons == {job.id: "succeeded", paused.id: "paused", ended.id: "ended"}
+    assert Job.objects.get(id=job.id).overdue_since is None
+
+
+def test_a_receiver_that_raises_does_not_stop_the_watch():
+    def broken(sender, **kw):
+        raise RuntimeError("pager down")
+
+    job_overdue.connect(broken)
+    try:
+        job = cron_at_scale.schedule(noop, cron=YEARLY, grace=5)
+        due(job, 10)
+        assert OverdueWatch().check() == (1, 0)
+    finally:
+        job_overdue.disconnect(broken)
+
+
+def test_cron_status_metrics_and_admin_show_overdue_jobs():
+    late = cron_at_scale.schedule(noop, cron=YEARLY, grace=5, key="late-job")
+    fine = cron_at_scale.schedule(noop, cron=YEARLY, grace=5, key="fine-job")
+    due(late, 10)
+    due(fine, 10)
+    runs = {r.job_id: r for r in claim()}
+    succeed(fine.id, runs[fine.id].attempt)
+
+    snap = snapshot()
+    assert snap.overdue_jobs_count == 1 and [o["key"] for o in snap.overdue_jobs] == ["late-job"]
+    out = StringIO()
+    call_command("cron_status", "--json", stdout=out)
+    report = json.loads(out.getvalue())
+    assert report["overdue_jobs_count"] == 1 and report["overdue_jobs"][0]["id"] == str(late.id)
+    out = StringIO()
+    call_command("cron_status", stdout=out)
+    assert "overdue recurring 1" in out.getvalue() and "late-job" in out.getvalue()
+
+    text = metrics.render().decode()
+    assert 'cron_job_overdue{key="late-job"} 1.0' in text
+    assert 'cron_job_overdue{key="fine-job"} 0.0' in text
+    assert 'cron_job_last_success_timestamp_seconds{key="fine-job"}' in text
+    assert 'cron_job_last_success_timestamp_seconds{key="late-job"}' not in text  # never succeeded
+    assert "cron_jobs_overdue 1.0" in text
+
+    client = Client()
+    client.force_login(User.objects.create_superuser("root", "r@example.com", "x"))
+    r = client.get("/admin/cron_at_scale/job/?overdue=yes")
+    assert r.status_code == 200 and [j.id for j in r.context["cl"].result_list] == [late.id]
+    r = client.get("/admin/cron_at_scale/job/dashboard/")
+    assert r.status_code == 200 and b"overdue recurring jobs" in r.content and b"late-job" in r.content
+
+
+def test_the_overdue_scan_walks_the_recurring_jobs_partial_index():
+    sql("INSERT INTO cron_at_scale_job (id, fire_at, task, payload, options) "
+        "SELECT gen_random_uuid(), statement_timestamp() - make_interval(secs => g), 'demo.tasks.noop', '{}', '{}' "
+        "FROM generate_series(1, 20000) AS g")
+    sql("UPDATE cron_at_scale_job SET status = 'completed'")
+    cron_at_scale.schedule(noop, cron=YEARLY)
+    sql("ANALYZE cron_at_scale_job")
+    from cron_at_scale.sql import QUERIES
+
+    for name in ("overdue_jobs", "overdue_open", "overdue_close", "recurring_health"):
+        plan = "\n".join(r[0] for r in sql("EXPLAIN " + QUERIES[name], {"grace": 300.0, "limit": 100}))
+        assert "Seq Scan on cron_at_scale_job" not in plan, (name, plan)
+        if name != "recurring_health":  # that one may walk the live keys' index instead
+            assert "cron_job_recurring_fire_at" in plan, (name, plan)
+
+
+def add_attempts(job, n: int, minutes_apart: float = 1.0, open_attempts=()) -> None:
+    """``n`` attempt rows for ``job`` (finished, succeeded; those in ``open_attempts`` unfinished),
+    the latest dispatched now, each ``minutes_apart`` before the next; the job's counter says ``n``."""
+    sql("INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, finished_at, outcome) "
+        "SELECT %s, g, statement_timestamp() - make_interval(secs => (%s - g) * %s * 60.0), "
+        "statement_timestamp() - make_interval(secs => (%s - g) * %s * 60.0), "
+        "CASE WHEN g = ANY(%s) THEN NULL ELSE statement_timestamp() END, "
+        "CASE WHEN g = ANY(%s) THEN 'running' ELSE 'succeeded' END "
+        "FROM generate_series(1, %s) AS g",
+        [job.id, n, minutes_apart, n, minutes_apart, list(open_attempts), list(open_attempts), n])
+    sql("UPDATE cron_at_scale_job SET attempts = %s, lost_attempts = 2, missed_occurrences = 3, "
+        "skipped_occurrences = 4 WHERE id = %s", [n, job.id])
+
+
+def attempt_numbers(job) -> list[int]:
+    return list(JobAttempt.objects.filter(job_id=job.id).order_by("attempt").values_list("attempt", flat=True))
+
+
+def counters(job) -> tuple:
+    return Job.objects.filter(id=job.id).values_list(
+        "attempts", "lost_attempts", "missed_occurrences", "skipped_occurrences", "last_success_at").get()
+
+
+@pytest.mark.parametrize("batch_size", [1000, 7])
+def test_trim_keeps_the_latest_attempts_never_an_unfinished_one_and_no_counter_moves(batch_size):
+    job = cron_at_scale.schedule(noop, cron="* * * * * *")
+    once = cron_at_scale.schedule(noop)  # one-off jobs are retention's, never trimmed
+    add_attempts(job, 50, open_attempts=[3])
+    add_attempts(once, 20)
+    before = counters(job)
+    assert history.trim(10, batch_size=batch_size) == 39
+    assert attempt_numbers(job) == [3, *range(41, 51)]
+    assert counters(job) == before
+    assert len(attempt_numbers(once)) == 20
+    assert history.trim(10, batch_size=batch_size) == 0  # nothing left to do
+
+
+def test_trim_by_age_keeps_the_latest_attempt_whatever_its_age():
+    job = cron_at_scale.schedule(noop, cron="* * * * * *")
+    add_attempts(job, 10)  # attempt g dispatched 10 - g minutes ago
+    assert history.trim(None, max_age=330) == 4  # 9, 8, 7, 6 minutes ago
+    assert attempt_numbers(job) == [5, 6, 7, 8, 9, 10]
+    quiet = cron_at_scale.schedule(noop, cron=YEARLY)
+    add_attempts(quiet, 3)
+    sql("UPDATE cron_at_scale_jobattempt SET dispatched_at = dispatched_at - interval '1 day' WHERE job_id = %s",
+        [quiet.id])
+    assert history.trim(None, max_age=90) == 4 + 2  # job: 5 to 2 minutes ago; quiet: all but its latest
+    assert attempt_numbers(job) == [9, 10]
+    assert attempt_numbers(quiet) == [3]
+
+
+def test_the_refire_limit_and_the_counters_are_the_same_when_the_lost_attempts_were_trimmed(monkeypatch):
+    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: len(batch))
+    d = Dispatcher(name="t", lease=30, lookahead=0)
+    d.max_lost = 2
+
+    def lose_every_run(trimmed: bool):
+        job = cron_at_scale.schedule(noop, cron=YEARLY)
+        due(job, 1)
+        d.claim()
+        for _ in range(3):  # each run starts, then its worker dies (the lease expires)
+            sql("UPDATE cron_at_scale_jobattempt SET started_at = statement_timestamp(), outcome = 'running', "
+                "locked_until = statement_timestamp() - interval '1 second' WHERE job_id = %s "
+                "AND finished_at IS NULL", [job.id])
+            d.reap()
+            if trimmed:
+                history.trim(1)  # the lost attempts are trimmed away: nothing may count them
+        return job, list(JobAttempt.objects.filter(job_id=job.id).order_by("attempt").values_list("outcome", flat=True))
+
+    kept, kept_outcomes = lose_every_run(trimmed=False)
+    trimmed, trimmed_outcomes = lose_every_run(trimmed=True)
+    assert kept_outcomes == ["lost", "lost"]  # the occurrence lost 2 runs: not fired a third time
+    assert trimmed_outcomes == ["lost"]  # its latest attempt only
+    assert counters(trimmed) == counters(kept)
+
+
+def test_grace_is_validated_and_kept_by_schedule_many():
+    with pytest.raises(ValidationError, match="grace"):
+        cron_at_scale.schedule(noop, grace=5)  # a one-off job is never overdue
+    with pytest.raises(ValidationError, match="grace"):
+        cron_at_scale.schedule(noop, cron=YEARLY, grace=-1)
+    assert Job.objects.count() == 0
+    job = cron_at_scale.schedule(noop, every=60, grace=90)
+    assert Job.objects.get(id=job.id).grace == 90
+    many = cron_at_scale.schedule_many([{"task": noop, "cron": YEARLY, "grace": 7}, {"task": noop}])
+    assert [Job.objects.get(id=j.id).grace for j in many] == [7, None]
+
+
+def test_settings_are_checked(settings):
+    settings.CRON_AT_SCALE = {"OVERDUE_GRACE": 0, "HISTORY_PER_JOB": 0, "HISTORY_MAX_AGE": "1d"}
+    found = " ".join(conf.problems())
+    assert "'OVERDUE_GRACE'" in found and "'HISTORY_PER_JOB'" in found and "'HISTORY_MAX_AGE'" in found
+    settings.CRON_AT_SCALE = {"HISTORY_PER_JOB": None, "HISTORY_MAX_AGE": 86400}
+    assert conf.problems() == []
+    assert history.settings() == (None, 86400.0)
