@@ -211,11 +211,6 @@ class JobAttempt(models.Model):
             models.Index(fields=["locked_until"], name="cron_attempt_open_lease", condition=Q(finished_at__isnull=True)),
             # The overlap check: is a run of this job unfinished?
             models.Index(fields=["job"], name="cron_attempt_open_job", condition=Q(finished_at__isnull=True)),
-            # The reaper's re-fire of a lost cron run: how many runs of this occurrence were lost
-            # while running (refire_cron). Only such rows are in it: small, and no cost to the
-            # claim's inserts nor to the workers' updates of other attempts.
-            models.Index(fields=["job", "scheduled_at"], name="cron_attempt_lost_run",
-                         condition=Q(outcome="lost", started_at__isnull=False)),
         ]
 
     @property

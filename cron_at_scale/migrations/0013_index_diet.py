@@ -6,8 +6,6 @@ class Migration(migrations.Migration):
     """Indexes for what the statements run now (docs/indexes.md), each built or dropped
     ``CONCURRENTLY`` (writes go on meanwhile; no lock waits for the table's size), hence not atomic.
 
-    - ``cron_attempt_lost_run``: the reaper's count of an occurrence's runs lost while running
-      (``refire_cron``) reads these rows only, not every attempt of the job.
     - ``cron_job_pending_fire_at`` goes: the claim reads each shard's head from
       ``cron_job_pending_shard``; the dashboard's pending buckets use ``cron_job_status_fire_at``.
     - the queue index holds named queues only (``cron_job_named_queue_fire_at``): a job of the
@@ -17,15 +15,10 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('cron_at_scale', '0010_job_max_retries_the_tasks'),
+        ('cron_at_scale', '0011_job_overdue_history'),
     ]
 
     operations = [
-        AddIndexConcurrently(
-            model_name='jobattempt',
-            index=models.Index(condition=models.Q(('outcome', 'lost'), ('started_at__isnull', False)),
-                               fields=['job', 'scheduled_at'], name='cron_attempt_lost_run'),
-        ),
         AddIndexConcurrently(
             model_name='job',
             index=models.Index(condition=models.Q(('queue', ''), _negated=True), fields=['queue', 'fire_at', 'id'],
