@@ -38,7 +38,10 @@ class ShardHeads:
     doubles, up to ``batch_size``, and the next claim runs at once; a full batch keeps the most
     any shard gave, and a batch that leaves no shard at its limit sets it back. (So after one
     shard's backlog, a burst over every shard may lock up to shards x that share in one claim,
-    once: the rows beyond the batch are let go at its commit.)
+    once: the rows beyond the batch are let go at its commit.) A batch is the earliest of the
+    shards' heads: each shard's jobs go out in ``fire_at`` order, and a job past its shard's
+    share waits for the next claim (at once: the batch was full) even if older than the last
+    one taken.
     """
 
     def __init__(self, batch_size: int):
