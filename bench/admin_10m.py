@@ -206,6 +206,7 @@ def admin_pages(c) -> dict:
         "filter schedule_type=cron": base + "?schedule_type__exact=cron",
         "filter task": base + "?task=app.tasks.t7",
         "filter queue": base + "?queue=emails",
+        "filter queue (default)": base + "?queue=",
         "filter status+task": base + "?status__exact=failed&task=app.tasks.t7",
         "search id": base + f"?q={job_id}",
         "search key prefix": base + f"?q={key[:9]}",

@@ -85,22 +85,26 @@ class EstimatedCountPaginator(Paginator):
 
 def distinct_values(column: str, limit: int = 200) -> list[str]:
     """Distinct values of a ``cron_at_scale_job`` column with an index leading on it: a skip scan
-    (one index probe per value), so the cost grows with the values, not with the rows."""
+    (one index probe per value), so the cost grows with the values, not with the rows. The queue
+    index holds named queues only: the default queue (``''``) is always listed first."""
     assert column in ("task", "queue")
+    named = f"AND {column} <> ''" if column == "queue" else ""
     with connection.cursor() as cur:
         cur.execute(
             f"""
             WITH RECURSIVE v AS (
-                (SELECT {column} AS value FROM cron_at_scale_job ORDER BY {column} LIMIT 1)
+                (SELECT {column} AS value FROM cron_at_scale_job WHERE true {named} ORDER BY {column} LIMIT 1)
                 UNION ALL
-                SELECT (SELECT {column} FROM cron_at_scale_job WHERE {column} > v.value ORDER BY {column} LIMIT 1)
+                SELECT (SELECT {column} FROM cron_at_scale_job WHERE {column} > v.value {named}
+                        ORDER BY {column} LIMIT 1)
                 FROM v WHERE v.value IS NOT NULL
             )
             SELECT value FROM v WHERE value IS NOT NULL LIMIT %s
             """,
             [limit],
         )
-        return [r[0] for r in cur.fetchall()]
+        values = [r[0] for r in cur.fetchall()]
+    return [""] + values[: limit - 1] if column == "queue" else values
 
 
 class _IndexedValueFilter(admin.SimpleListFilter):

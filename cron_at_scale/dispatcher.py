@@ -69,7 +69,8 @@ class Dispatcher:
         # overdue recurring jobs: the signals, once per episode (cron_at_scale.overdue)
         self.overdue = OverdueWatch()
         ttl = float(conf.get("SHARD_LEASE"))
-        self.shards = AllShards() if shards == "all" else ShardLeases(self.name, ttl)
+        self.shards = (AllShards(self.batch_size) if shards == "all"
+                       else ShardLeases(self.name, ttl, self.batch_size))
         self.shard_refresh = ttl / 4
         self.wakeup = Wakeup()
         self.stopping = threading.Event()
@@ -79,6 +80,7 @@ class Dispatcher:
         self._timers: list[tuple[float, int, Claimed]] = []  # (monotonic due time, seq, run)
         self._seq = 0
         self._clock: tuple[float, float] | None = None  # (database time, monotonic) at the last claim
+        self.more_due = False  # the last claim left rows due: claim again without waiting
 
     # -- one step -------------------------------------------------------------------------
 
@@ -94,14 +96,16 @@ class Dispatcher:
             self.shards.refresh()
         t0 = time.monotonic()
         while True:
+            shards = self.shards.claim_params()
             with transaction.atomic():
                 db.run("claim_settings", fetch="count", retries=0)
                 rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease,
-                                        "lookahead": self.lookahead, **self.shards.claim_params(),
+                                        "lookahead": self.lookahead, **shards,
                                         **self.queues.claim_params()}, retries=0)
                 if self.queues.learn(rows):  # a queue first seen in this batch is held: claim again without it
                     transaction.set_rollback(True)
                     continue
+                self.more_due = self.shards.heads.learn([r.shard for r in rows])
                 metrics.observe_claim(len(rows), time.monotonic() - t0)
                 if rows:
                     self._clock = (rows[0].db_now.timestamp(), time.monotonic())
@@ -210,9 +214,12 @@ class Dispatcher:
         self.reaper.maybe_reap(now)
         self.overdue.maybe_check(now)
         self.fire_timers(wait=wait)
-        n = 0 if not claim or self.broker_full() else self.tick(wait=wait)
+        if not claim or self.broker_full():
+            n, self.more_due = 0, False
+        else:
+            n = self.tick(wait=wait)
         self.fire_timers(wait=wait)
-        if n < self.batch_size:  # idle time only: retention never holds up a busy loop
+        if not self.more_due:  # idle time only: retention never holds up a busy loop
             retention.maybe_purge()
             history.maybe_trim()
         return n
@@ -220,7 +227,8 @@ class Dispatcher:
     def run(self, max_seconds: float | None = None) -> None:
         """Loop until ``stop()`` (or SIGTERM/SIGINT via ``install_signal_handlers``).
 
-        Sleeps only when a batch was not full: until the next held run is due,
+        Sleeps only when the last claim left nothing due (a batch not full, no shard
+        at its limit, see :class:`cron_at_scale.shards.ShardHeads`): until the next held run is due,
         a wake-up notification arrives, or ``poll_interval`` passes. On stop,
         runs already claimed are published at their time before it exits.
         Database errors (a restart) are logged and retried after a short pause.
@@ -235,9 +243,9 @@ class Dispatcher:
                 break
             try:
                 claim = time.monotonic() >= claim_at
-                n = self.step(wait=False, claim=claim)
+                self.step(wait=False, claim=claim)
                 if claim:
-                    claim_at = 0.0 if n >= self.batch_size else time.monotonic() + self.poll_interval
+                    claim_at = 0.0 if self.more_due else time.monotonic() + self.poll_interval
                 pause = 0.0
             except (OperationalError, InterfaceError) as e:
                 pause = min(5.0, (pause or 0.1) * 2)

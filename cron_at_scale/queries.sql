@@ -13,34 +13,45 @@
 -- 'dispatched' attempt (or lose the race to the re-fired one) and are
 -- skipped, so nothing runs twice and nothing is missed. Saves a WAL flush
 -- per batch.
--- enable_sort off: due rows come in fire_at order straight from the partial
--- index and the scan stops after the batch; a table without statistics yet
--- (a fresh burst) would otherwise be planned as "read every due row, sort,
--- keep 1000", at every batch of the burst.
-SET LOCAL synchronous_commit = off; SET LOCAL enable_sort = off;
+-- enable_sort off: each shard's due rows come in fire_at order straight from the
+-- partial (shard, fire_at) index and its scan stops at its share; a table without
+-- statistics yet (a fresh burst) would otherwise be planned as "read every due row
+-- of the shard, sort, keep a few", at every batch of the burst.
+-- jit off: the one sort left (of the shards' heads, at most a batch and a few rows)
+-- costs the disabled-sort penalty, which would otherwise buy a JIT compile (~300 ms).
+SET LOCAL synchronous_commit = off; SET LOCAL enable_sort = off; SET LOCAL jit = off;
 
 -- name: claim
 -- Claim up to %(limit)s jobs due within %(lookahead)s seconds, of the shards
--- this dispatcher holds, in ONE statement: lock them (skipping rows another
+-- this dispatcher holds (%(shards)s), in ONE statement: lock them (skipping rows another
 -- dispatcher holds). A one-off job moves to in_progress with the next
 -- attempt number, its dispatch lease and its attempt log row, all here.
 -- A recurring job stays pending and locked: the dispatcher decides which of
 -- its occurrences fire (catch-up, overlap) and writes them with
 -- advance_recurring, in this same transaction (after running_jobs, whose
 -- snapshot is no older than the row locks taken here).
+-- Each shard's head: its first %(per_shard)s due rows from the (shard, fire_at) index, then
+-- the earliest %(limit)s of those heads. What the statement reads grows with the batch and
+-- the shards held, never with the due rows of shards it does not hold (a stalled or dead
+-- peer's backlog); %(per_shard)s is sized by cron_at_scale.shards.ShardHeads.
 -- Held queues (cron_at_scale.queues: full, or nobody consumes them) keep their jobs here:
 -- a job whose queue column names one, or with an empty queue column whose task routes
 -- to one (%(blank_tasks)s: the tasks whose route differs from the default queue's,
--- held or not as %(held_blank)s says). A filter on the same partial fire_at index walk.
+-- held or not as %(held_blank)s says). A filter on the same index walk.
 WITH due AS (
-    SELECT id FROM cron_at_scale_job
-    WHERE status = 'pending' AND fire_at <= statement_timestamp() + make_interval(secs => %(lookahead)s)
-      AND (%(all_shards)s OR shard = ANY(%(shards)s::smallint[]))
-      AND NOT (queue = ANY(%(held_queues)s::text[])
-               OR (queue = '' AND %(held_blank)s <> (task = ANY(%(blank_tasks)s::text[]))))
-    ORDER BY fire_at
+    SELECT h.id FROM unnest(%(shards)s::smallint[]) AS s(shard)
+    CROSS JOIN LATERAL (
+        SELECT id, fire_at FROM cron_at_scale_job
+        WHERE status = 'pending' AND shard = s.shard
+          AND fire_at <= statement_timestamp() + make_interval(secs => %(lookahead)s)
+          AND NOT (queue = ANY(%(held_queues)s::text[])
+                   OR (queue = '' AND %(held_blank)s <> (task = ANY(%(blank_tasks)s::text[]))))
+        ORDER BY fire_at
+        LIMIT %(per_shard)s
+        FOR UPDATE SKIP LOCKED
+    ) AS h
+    ORDER BY h.fire_at
     LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE cron_at_scale_job AS j
     SET status = CASE WHEN j.schedule_type = 'once' THEN 'in_progress' ELSE j.status END,
@@ -61,7 +72,7 @@ WITH due AS (
     RETURNING j.id, j.attempts, j.fire_at, j.schedule_type, j.cron_expr, j.timezone,
               j.task, j.payload, j.queue, j.options,
               j.interval, j.occurrence_at, j.catchup, j.catchup_window, j.overlap, j.jitter,
-              j.buffered_at, j.locked_until
+              j.buffered_at, j.locked_until, j.shard
 ), logged AS (
     INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome)
     SELECT id, attempts, fire_at, statement_timestamp(), locked_until, 'dispatched'
@@ -70,16 +81,18 @@ WITH due AS (
 )
 SELECT c.id, c.attempts, c.fire_at, c.schedule_type, c.cron_expr, c.timezone, c.task, c.payload, c.queue,
        c.options, c.interval, c.occurrence_at, c.catchup, c.catchup_window, c.overlap, c.jitter, c.buffered_at,
-       statement_timestamp() AS db_now
+       c.shard, statement_timestamp() AS db_now
 FROM claimed AS c;
 
 -- name: queue_names
--- The distinct values of the queue column (at most %(limit)s), for cron_status: a skip
--- scan of the (queue, fire_at, id) index, one index probe per value, whatever the table size.
+-- The distinct named queues (at most %(limit)s; the default queue '' is not one), for
+-- cron_status: a skip scan of the partial (queue, fire_at, id) index of named queues, one
+-- index probe per value, whatever the table size.
 WITH RECURSIVE q AS (
-    (SELECT queue FROM cron_at_scale_job ORDER BY queue LIMIT 1)
+    (SELECT queue FROM cron_at_scale_job WHERE queue <> '' ORDER BY queue LIMIT 1)
     UNION ALL
-    SELECT (SELECT j.queue FROM cron_at_scale_job AS j WHERE j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    SELECT (SELECT j.queue FROM cron_at_scale_job AS j WHERE j.queue > q.queue AND j.queue <> ''
+            ORDER BY j.queue LIMIT 1)
     FROM q WHERE q.queue IS NOT NULL
 )
 SELECT queue FROM q WHERE queue IS NOT NULL LIMIT %(limit)s;

@@ -55,12 +55,14 @@ def test_changelist_filters_search_and_pages(superuser_client):
     assert listed(superuser_client.get(URL + "?schedule_type__exact=cron")) == [c.id]
     assert listed(superuser_client.get(URL + "?task=demo.tasks.record")) == [b.id]
     assert listed(superuser_client.get(URL + "?queue=emails")) == [b.id]
+    assert set(listed(superuser_client.get(URL + "?queue="))) == {a.id, c.id}  # the default queue
     assert listed(superuser_client.get(URL + f"?q={a.id}")) == [a.id]
     assert listed(superuser_client.get(URL + f"?q={a.id}:3")) == [a.id]  # a Celery task id
     assert listed(superuser_client.get(URL + "?q=order-1")) == [a.id]  # key prefix
     assert listed(superuser_client.get(URL + "?q=rder")) == []  # never a LIKE '%…%' scan
     filters = r.content.decode()
     assert "demo.tasks.record" in filters and "emails" in filters  # task and queue filter choices
+    assert "(default)" in filters
 
 
 def test_no_unbounded_count_and_no_n_plus_one(superuser_client):

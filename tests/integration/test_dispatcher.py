@@ -42,8 +42,19 @@ def test_batch_size_bounds_one_claim_and_oldest_fire_first():
     jobs = [cron_at_scale.schedule(noop) for _ in range(5)]
     for i, job in enumerate(jobs):
         make_due(job, seconds_ago=10 - i)
-    batch = Dispatcher(batch_size=2).claim()
-    assert [str(c.job_id) for c in batch] == [str(jobs[0].id), str(jobs[1].id)]
+    d = Dispatcher(batch_size=2)
+    batches = [d.claim() for _ in range(5)]
+    assert len(batches[0]) == 2 and all(len(b) <= 2 for b in batches)
+    assert str(batches[0][0].job_id) == str(jobs[0].id)  # the oldest first
+    # A batch takes the earliest of each shard's head (ShardHeads): a job of a shard that already
+    # gave its share waits for the next claim, but a shard's own jobs go out in fire_at order.
+    order = [str(c.job_id) for b in batches for c in b]
+    assert sorted(order) == sorted(str(j.id) for j in jobs)
+    by_shard: dict[int, list[str]] = {}
+    for job in jobs:
+        by_shard.setdefault(Job.objects.get(id=job.id).shard, []).append(str(job.id))
+    for same_shard in by_shard.values():
+        assert [i for i in order if i in same_shard] == same_shard
 
 
 def test_due_ness_ignores_this_process_clock(monkeypatch):

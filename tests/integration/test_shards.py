@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 def test_one_dispatcher_takes_every_shard_and_claims_unfiltered():
     d = Dispatcher(name="solo")
     d.shards.refresh()
-    assert d.shards.all and d.shards.claim_params()["all_shards"] is True
+    assert d.shards.all and d.shards.claim_params() == {"shards": list(range(64)), "per_shard": 16}  # 1000 / 64
     assert ShardLease.objects.filter(owner="solo").count() == NUM_SHARDS
 
 

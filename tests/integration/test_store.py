@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from django.db import transaction
 from helpers import sql
 
+from cron_at_scale.models import Job
 from cron_at_scale.sql import QUERIES
 
 pytestmark = pytest.mark.django_db
@@ -12,9 +14,9 @@ pytestmark = pytest.mark.django_db
 NOTHING_HELD = {"held_queues": [], "held_blank": False, "blank_tasks": []}
 
 
-def test_pending_index_is_partial_on_fire_at():
-    (indexdef,), = sql("SELECT indexdef FROM pg_indexes WHERE indexname = 'cron_job_pending_fire_at'")
-    assert "(fire_at)" in indexdef
+def test_the_claims_index_is_partial_on_shard_and_fire_at():
+    (indexdef,), = sql("SELECT indexdef FROM pg_indexes WHERE indexname = 'cron_job_pending_shard'")
+    assert "(shard, fire_at)" in indexdef
     assert "WHERE ((status)::text = 'pending'::text)" in indexdef
 
 
@@ -35,7 +37,7 @@ def test_attempt_log_is_unique_per_job_and_attempt():
     assert "UNIQUE" in indexdef and "(job_id, attempt)" in indexdef
 
 
-def test_claim_walks_the_partial_index_beside_many_future_jobs():
+def test_claim_walks_the_shard_index_beside_many_future_jobs():
     # 50,000 future jobs and 200 due ones: the claim must not scan the table.
     sql("""
         INSERT INTO cron_at_scale_job (id, schedule_type, fire_at, task, payload, options, status)
@@ -51,13 +53,84 @@ def test_claim_walks_the_partial_index_beside_many_future_jobs():
     """)
     sql("ANALYZE cron_at_scale_job")
     params = {"limit": 1000, "dispatcher": "t", "lease": 30.0, "lookahead": 1.0, **NOTHING_HELD}
-    plan = "\n".join(r[0] for r in sql("EXPLAIN " + QUERIES["claim"], {**params, "all_shards": True, "shards": [-1]}))
-    assert "cron_job_pending_fire_at" in plan, plan
-    assert "Seq Scan on cron_at_scale_job" not in plan, plan
-    # A dispatcher holding a few shards: still an index on pending rows, never the table.
-    plan = "\n".join(r[0] for r in sql("EXPLAIN " + QUERIES["claim"], {**params, "all_shards": False, "shards": [3, 7]}))
-    assert "cron_job_pending" in plan, plan
-    assert "Seq Scan on cron_at_scale_job" not in plan, plan
+    for shards in (list(range(64)), [3, 7]):  # every shard, or a few
+        with transaction.atomic():  # with the claim's settings, as it runs
+            sql(QUERIES["claim_settings"])
+            plan = "\n".join(r[0] for r in sql("EXPLAIN " + QUERIES["claim"], {**params, "shards": shards,
+                                                                              "per_shard": 1000 // len(shards)}))
+            transaction.set_rollback(True)
+        assert "Index Scan using cron_job_pending_shard on cron_at_scale_job" in plan, plan
+        assert "Seq Scan on cron_at_scale_job" not in plan, plan
+
+
+def _due_in_shards(n: int, first: int, last: int, ago: str = "10 minutes") -> None:
+    """``n`` due one-off jobs spread over shards ``first``..``last`` (a job's shard is the low 6 bits
+    of its id's last byte: that byte is set here)."""
+    sql("""INSERT INTO cron_at_scale_job (id, fire_at, task, payload, options)
+           SELECT overlay(gen_random_uuid()::text placing lpad(to_hex(%s + g %% %s), 2, '0') from 35 for 2)::uuid,
+                  statement_timestamp() - random() * %s::interval, 'demo.tasks.noop', '{}', '{}'
+           FROM generate_series(1, %s) AS g""", [first, last - first + 1, ago, n])
+
+
+def _scan_rows(node: dict) -> int:
+    """Rows the claim's search for due jobs read from the job table (its scans: rows returned plus rows
+    filtered out, over all loops); the update that follows reads the claimed rows by primary key."""
+    if node.get("Subplan Name") == "CTE claimed":
+        return 0
+    own = 0
+    if node.get("Relation Name") == "cron_at_scale_job" and "Scan" in node["Node Type"]:
+        own = (node["Actual Rows"] + node.get("Rows Removed by Filter", 0)) * node["Actual Loops"]
+    return own + sum(_scan_rows(child) for child in node.get("Plans", []))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_claim_reads_no_backlog_of_shards_it_does_not_hold(monkeypatch):
+    # A stalled peer holds shards 32-63 and 87,000 jobs of theirs are due; this dispatcher holds
+    # 0-31. Its claim, as it sends it (its transaction, its settings, its parameters), EXPLAINed
+    # with ANALYZE: what it reads must not grow with the peer's backlog (it read all of it, 87,000
+    # index entries and rows, per poll, when the shards' due rows were filtered out of a fire_at walk).
+    from django.db import connection
+
+    from cron_at_scale import db
+    from cron_at_scale.dispatcher import Dispatcher
+
+    _due_in_shards(87_000, 32, 63)
+    sql("ANALYZE cron_at_scale_job")
+    db.run("ensure_shards", {"n": 64}, fetch="count")
+    sql("UPDATE cron_at_scale_shardlease SET owner = 'stalled', expires_at = now() + interval '1 hour' WHERE shard >= 32")
+    sql("INSERT INTO cron_at_scale_dispatcherheartbeat (name, last_seen, shards) VALUES ('stalled', now(), '[]')")
+    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: len(batch))
+    d = Dispatcher(name="mine", batch_size=1000)
+    d.shards.refresh()
+    assert d.shards.owned == set(range(32))
+    plans: list[dict] = []
+
+    def explain(execute, query, params, many, context):
+        if "SKIP LOCKED" in query and "INSERT INTO cron_at_scale_jobattempt" in query:  # the claim
+            cur = context["cursor"]
+            execute("SHOW enable_sort", None, False, context)
+            assert cur.fetchone()[0] == "off"  # inside the claim's transaction, after claim_settings
+            execute("SAVEPOINT explained", None, False, context)  # what ANALYZE ran is undone
+            execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, many, context)
+            plans.append(cur.fetchone()[0][0])
+            execute("ROLLBACK TO SAVEPOINT explained", None, False, context)
+        return execute(query, params, many, context)
+
+    try:
+        with connection.execute_wrapper(explain):
+            assert d.claim() == []
+            plan = plans[-1]["Plan"]
+            assert _scan_rows(plan) == 0, plans[-1]
+            assert plan["Shared Hit Blocks"] + plan["Shared Read Blocks"] < 500, plans[-1]  # 87,236 before
+
+            # With its own backlog too: it reads about a batch, not every due row of its shards.
+            _due_in_shards(20_000, 0, 31)
+            got = d.claim()
+            assert len(got) == 1000 and d.more_due
+            assert _scan_rows(plans[-1]["Plan"]) <= 1000 + 32, plans[-1]
+    finally:
+        d.close()
+    assert not Job.objects.filter(status="in_progress", shard__gte=32).exists()
 
 
 @pytest.mark.parametrize("held", [
@@ -65,11 +138,9 @@ def test_claim_walks_the_partial_index_beside_many_future_jobs():
     {"held_queues": ["dead", "celery"], "held_blank": True, "blank_tasks": ["demo.tasks.noop"]},
     {"held_queues": [], "held_blank": False, "blank_tasks": ["demo.tasks.record", "demo.tasks.noop"]},
 ])
-def test_the_claim_with_held_queues_still_walks_the_partial_fire_at_index(held):
+def test_the_claim_with_held_queues_still_walks_the_shard_index(held):
     # 20,000 due jobs, half for a held queue, 50,000 future ones; statistics taken. Read with the
     # claim's own settings (claim_settings: SET LOCAL in the claim's transaction), as it runs.
-    from django.db import transaction
-
     sql("""
         INSERT INTO cron_at_scale_job (id, schedule_type, fire_at, task, payload, options, status, queue)
         SELECT gen_random_uuid(), 'once', now() + (g || ' seconds')::interval, 'demo.tasks.noop',
@@ -77,11 +148,13 @@ def test_the_claim_with_held_queues_still_walks_the_partial_fire_at_index(held):
         FROM generate_series(-20000, 50000) g
     """)
     sql("ANALYZE cron_at_scale_job")
-    params = {"limit": 1000, "dispatcher": "t", "lease": 30.0, "lookahead": 1.0, "all_shards": True,
-              "shards": [-1], **held}
+    params = {"limit": 1000, "dispatcher": "t", "lease": 30.0, "lookahead": 1.0, "shards": list(range(64)),
+              "per_shard": 16, **held}
     with transaction.atomic():
         sql(QUERIES["claim_settings"])
         plan = "\n".join(r[0] for r in sql("EXPLAIN " + QUERIES["claim"], params))
         transaction.set_rollback(True)
-    assert "Index Scan using cron_job_pending_fire_at on cron_at_scale_job" in plan, plan
-    assert "Seq Scan on cron_at_scale_job" not in plan and "Sort" not in plan, plan
+    assert "Index Scan using cron_job_pending_shard on cron_at_scale_job" in plan, plan
+    assert "Seq Scan on cron_at_scale_job" not in plan, plan
+    # one sort: of the shards' heads (a batch and a few rows), never of a shard's due rows
+    assert [ln.strip() for ln in plan.splitlines() if "Sort Key" in ln] == ["Sort Key: h.fire_at"], plan

@@ -1,0 +1,124 @@
+"""What the job table's indexes cost ``schedule_many``: the index set before migration 0013 and after
+it, in turns, on one database of its own.
+
+Usage (PostgreSQL from ``BENCH_DATABASE_URL``, default a local server; the database ``--db`` is
+created here and emptied at each turn, never your own)::
+
+    python bench/index_cost.py                       # 100,000 jobs into an empty table, 3 turns
+    python bench/index_cost.py --beside 1000000      # ... beside 1M pending jobs
+
+Each turn sets the indexes of one side (drops and builds the ones that differ), then times
+``schedule_many`` of ``--jobs`` one-off jobs of the default queue (50,000 per call) and reads
+the CPU seconds of this process and of its PostgreSQL backend from ``/proc`` (jobs/s moves with
+the machine's load; CPU per job moves less). Prints one line per turn and the medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "example_project")]
+
+BASE_URL = os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres")
+BEFORE_0013 = {  # the two indexes 0013 dropped (the third, its named-queue index, is absent before)
+    "cron_job_pending_fire_at": "CREATE INDEX cron_job_pending_fire_at ON cron_at_scale_job (fire_at) "
+                                "WHERE status = 'pending'",
+    "cron_job_queue_fire_at": "CREATE INDEX cron_job_queue_fire_at ON cron_at_scale_job (queue, fire_at, id)",
+}
+SIDES = {"before 0013": ["cron_job_named_queue_fire_at"], "after 0013": list(BEFORE_0013)}  # indexes dropped
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--jobs", type=int, default=100_000)
+    p.add_argument("--beside", type=int, default=0, help="pending jobs already in the table (0)")
+    p.add_argument("--turns", type=int, default=3)
+    p.add_argument("--db", default="cron_index_cost")
+    args = p.parse_args(argv)
+
+    import psycopg2
+
+    admin = psycopg2.connect(BASE_URL)
+    admin.autocommit = True
+    with admin.cursor() as cur:
+        cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", [args.db])
+        if cur.fetchone() is None:
+            cur.execute(f'CREATE DATABASE "{args.db}"')
+    admin.close()
+    os.environ["DATABASE_URL"] = BASE_URL.rsplit("/", 1)[0] + "/" + args.db
+    os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+
+    import cron_at_scale
+
+    call_command("migrate", verbosity=0)
+
+    def q(sql: str, params=()):
+        with connection.cursor() as cur:
+            cur.execute(sql, params)
+            return cur.fetchall() if cur.description else None
+
+    defs = {**dict(q("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'cron_at_scale_job'")), **BEFORE_0013}
+
+    def set_side(dropped: list[str]) -> None:
+        have = {r[0] for r in q("SELECT indexname FROM pg_indexes WHERE tablename = 'cron_at_scale_job'")}
+        for name, definition in defs.items():
+            if name in dropped and name in have:
+                q(f'DROP INDEX "{name}"')
+            elif name not in dropped and name not in have:
+                q(definition)
+
+    q("TRUNCATE cron_at_scale_jobattempt, cron_at_scale_job")
+    if args.beside:
+        q("""INSERT INTO cron_at_scale_job (id, fire_at, task, payload, options)
+             SELECT gen_random_uuid(), now() + interval '1 day' + g * interval '1 second', 'demo.tasks.noop',
+                    '{"args": [1], "kwargs": {}}', '{}'
+             FROM generate_series(1, %s) AS g""", [args.beside])
+        q("VACUUM ANALYZE cron_at_scale_job")
+    (backend,), = q("SELECT pg_backend_pid()")
+    results: dict[str, list[tuple[float, float]]] = {side: [] for side in SIDES}
+    for turn in range(args.turns):
+        for side, dropped in SIDES.items():
+            set_side(dropped)
+            q("DELETE FROM cron_at_scale_job WHERE fire_at >= now() + interval '40 days'")  # the previous turn's
+            q("VACUUM cron_at_scale_job")
+            base = q("SELECT statement_timestamp()")[0][0] + timedelta(days=41)
+            c0, b0, t0 = time.process_time(), cpu_seconds(backend), time.perf_counter()
+            for start in range(0, args.jobs, 50_000):
+                cron_at_scale.schedule_many([{"task": "demo.tasks.noop", "args": [i],
+                                              "at": base + timedelta(milliseconds=i)}
+                                             for i in range(start, min(args.jobs, start + 50_000))])
+            seconds = time.perf_counter() - t0
+            cpu_us = ((time.process_time() - c0) + (cpu_seconds(backend) - b0)) * 1e6 / args.jobs
+            results[side].append((args.jobs / seconds, cpu_us))
+            print(f"turn {turn + 1} {side:12} {args.jobs / seconds:10,.0f} jobs/s  {cpu_us:5.1f} µs CPU per job "
+                  f"(this process + its backend)", flush=True)
+    set_side(SIDES["after 0013"])
+    q("TRUNCATE cron_at_scale_jobattempt, cron_at_scale_job")
+    beside = f" beside {args.beside:,} pending" if args.beside else " into an empty table"
+    print(f"schedule_many of {args.jobs:,} jobs{beside}, medians of {args.turns} turns:")
+    for side, runs in results.items():
+        print(f"  {side:12} {statistics.median(r[0] for r in runs):10,.0f} jobs/s  "
+              f"{statistics.median(r[1] for r in runs):5.1f} µs CPU per job")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
