@@ -15,7 +15,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ('cron_at_scale', '0011_job_overdue_history'),
+        ('cron_at_scale', '0012_job_expired_runs'),
     ]
 
     operations = [
