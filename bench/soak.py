@@ -592,6 +592,7 @@ class Soak:
         self.stop()
         feed = json.loads((self.tmp / "feeder.out").read_text()) if (self.tmp / "feeder.out").exists() else {}
         out["feeder"] = feed
+        out["expected"] = expected  # streamed; "fired" is how many reached the broker (or started) by the end
         out["events"] = [{**e, "s": round(e["t"] - base, 1)} for e in events]
         out.update(self.figures(base, end, samples, start_sample, stream_end_sample, block))
         out["wal_split"] = merge_wal(wal_windows)
@@ -891,7 +892,7 @@ def table(r: dict) -> None:
         for k in ("takeover_s", "missing"):
             if k in lat:
                 say(f"  {k}: {lat[k]}")
-        say(f"fired {r['fired']:,}; WAL {r['wal_bytes'] / 2**20:,.1f} MiB = {r['wal_bytes_per_job']} bytes per fired job")
+        say(f"fired {r['fired']:,} of {r.get('expected', 0):,} by the end of the drain; WAL {r['wal_bytes'] / 2**20:,.1f} MiB = {r['wal_bytes_per_job']} bytes per fired job")
         w = r.get("wal_split")
         if w:
             say(f"  WAL of {w['windows']} inspected 10 s windows: {w['bytes_per_job']} bytes per job, full-page images "
