@@ -81,6 +81,15 @@ RECEIVED = "soak:received"  # the consumer's running count (a Redis key), read b
 SCENARIOS = ("steady", "blocked-vacuum", "dead-dispatcher", "workers", "recurring")
 CPU_KEYS = ("dispatcher", "feeder", "consumer", "broker", "pg_backends", "autovacuum", "pg_aux", "workers", "bench")
 TABLES = ("cron_at_scale_job", "cron_at_scale_jobattempt")
+WAIT_KEYS = ("dispatcher", "pg_backends", "feeder", "consumer")  # their time runnable but waiting for a CPU too
+
+
+def run_delay(pid: int) -> float:
+    """Seconds process ``pid`` spent runnable, waiting for a CPU (/proc/<pid>/schedstat); 0.0 when unknown."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
 say = benchrun.say
 
 
@@ -354,6 +363,8 @@ class Soak:
                     out["pg_backends"][pid] = cpu
                 elif not any("(" in w for w in words):
                     out["pg_aux"][pid] = cpu
+        out["wait"] = {pid: run_delay(pid) for g in WAIT_KEYS for pid in out[g]}
+        out["wait_group"] = {pid: g for g in WAIT_KEYS for pid in out[g]}  # type: ignore[misc]
         return out
 
     @staticmethod
@@ -368,6 +379,13 @@ class Soak:
                              for pid, cpu in before[pg].items() if pid > 0 and pid not in after[pg])
             out[g] = round(total / seconds, 3) if seconds > 0 else 0.0
         out["total"] = round(sum(out.values()), 3)
+        # runnable but waiting for a CPU, in CPUs (s per s): a share of the box other processes held
+        waits: dict[str, float] = {}
+        for pid, w in after.get("wait", {}).items():
+            g = after["wait_group"][pid]
+            waits[g] = waits.get(g, 0.0) + w - before.get("wait", {}).get(pid, 0.0)
+        for g in WAIT_KEYS:
+            out[f"wait_{g}"] = round(waits.get(g, 0.0) / seconds, 3) if seconds > 0 else 0.0
         return out
 
     def tables(self) -> dict:
@@ -563,7 +581,8 @@ class Soak:
                     f"broker {s['broker_depth']:,}, WAL {self.wal_bytes(prev['lsn'], s['lsn']) / 2**20:.1f} MiB, "
                     f"job dead {s['tables']['job']['dead']:,}; cores: dispatcher {c['dispatcher']:.2f} "
                     f"postgres {c['pg_backends']:.2f} autovacuum {c['autovacuum']:.2f} feeder {c['feeder']:.2f} "
-                    f"consumer {c['consumer']:.2f} (load {os.getloadavg()[0]:.1f})")
+                    f"consumer {c['consumer']:.2f}; waiting for a CPU: dispatcher {c['wait_dispatcher']:.2f} "
+                    f"postgres {c['wait_pg_backends']:.2f} (load {os.getloadavg()[0]:.1f})")
                 if stream_end_sample is None and len(samples) % 6 == 3:  # one window a minute: decoding costs CPU
                     split = self.wal_split(prev["lsn"], s["lsn"])
                     if split:
@@ -641,7 +660,8 @@ class Soak:
                      "wal_bytes_per_job": round(wal / received, 1) if received else None,
                      "cpu_cores": self.cpu_delta(first["cpu"], last["cpu"], span),
                      "cpu_ms_per_job": {k: round(v * span * 1000 / received, 4) if received else None
-                                        for k, v in self.cpu_delta(first["cpu"], last["cpu"], span).items()},
+                                        for k, v in self.cpu_delta(first["cpu"], last["cpu"], span).items()
+                                        if not k.startswith("wait_")},
                      "tables_start": first["tables"], "tables_stream_end": last["tables"],
                      "tables_after": samples[-1]["tables"], "after_s": round(samples[-1]["t"] - last["t"], 1)}
         for name in ("job", "attempt"):
@@ -905,7 +925,8 @@ def table(r: dict) -> None:
                 f"dead {s['dead']:,} -> {e['dead']:,} -> {a['dead']:,} ({r['after_s']:.0f} s after); autovacuum runs "
                 f"{r['autovacuum_runs'][name]} (+{r['autovacuum_runs_after'][name]} after); HOT {r['hot_share'][name]}")
         c = r["cpu_cores"]
-        say("  CPU cores busy (stream): " + ", ".join(f"{k} {v:.2f}" for k, v in c.items() if v))
+        say("  CPU cores busy (stream): " + ", ".join(f"{k} {v:.2f}" for k, v in c.items() if v and "wait" not in k))
+        say("  waiting for a CPU (CPUs): " + ", ".join(f"{k[5:]} {v:.2f}" for k, v in c.items() if k.startswith("wait_")))
         say("  CPU ms per fired job:    " + ", ".join(f"{k} {v:.3f}" for k, v in r["cpu_ms_per_job"].items() if v))
     if r.get("feeder"):
         say(f"  feeder: {r['feeder']}")
