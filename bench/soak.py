@@ -959,13 +959,13 @@ def draw(runs: list[dict], png_dir: str) -> list[str]:
     for ax, r in zip(axes[:, 0], runs, strict=True):
         rows = [x for x in r["lateness"]["series"] if x["n"]]
         x = [row["s"] for row in rows]
-        ax.plot(x, [row["p50"] for row in rows], label="p50", color="tab:blue")
-        ax.plot(x, [row["p99"] for row in rows], label="p99", color="tab:red")
-        ax.plot(x, [row["max"] for row in rows], label="max", color="tab:gray", linestyle=":")
+        for key, color, style in (("p50", "tab:blue", "-"), ("p99", "tab:red", "-"), ("max", "tab:gray", ":")):
+            ax.plot(x, [max(1.0, row[key]) for row in rows], label=key, color=color, linestyle=style)
         ax.axhline(100, color="tab:red", linewidth=0.6, linestyle="--")
-        ax.set_yscale("symlog", linthresh=100)
+        ax.set_yscale("log")
+        ax.set_ylim(bottom=1)
         ax.set_ylabel("lateness, ms")
-        ax.set_title(f"{r['label']} (pending: {r['pending']:,})", fontsize="medium")
+        ax.set_title(r["label"], fontsize="medium")
         ax.grid(True, which="both", alpha=0.3)
         ev = {e["event"]: e["s"] for e in r.get("events") or []}
         if "transaction held open" in ev:
@@ -979,6 +979,7 @@ def draw(runs: list[dict], png_dir: str) -> list[str]:
         ax2.plot([s["s"] for s in samples], [s["due_unclaimed"] for s in samples], color="tab:green", linewidth=0.8,
                  label="due, unclaimed (right)")
         ax2.set_ylabel("due jobs not claimed", color="tab:green")
+        ax2.set_ylim(bottom=0)
         h1, l1 = ax.get_legend_handles_labels()
         h2, l2 = ax2.get_legend_handles_labels()
         ax.legend(h1 + h2, l1 + l2, fontsize="small", loc="upper left")
@@ -999,7 +1000,8 @@ def draw(runs: list[dict], png_dir: str) -> list[str]:
                     [max(x["p99"] for x in r["lateness"]["series"] if x["n"]) for r in rs], marker="x",
                     linestyle="--", label=f"worst 10 s p99, {rate:,} jobs/s")
         ax.axhline(100, color="tab:red", linewidth=0.6, linestyle="--", label="target 100 ms")
-        ax.set_xscale("symlog", linthresh=1)
+        ax.set_xscale("symlog", linthresh=100_000)
+        ax.set_yscale("log")
         ax.set_xlabel("pending future jobs in the table")
         ax.set_ylabel("dispatch lateness p99, ms")
         ax.grid(True, which="both", alpha=0.3)
@@ -1012,6 +1014,29 @@ def draw(runs: list[dict], png_dir: str) -> list[str]:
     return paths
 
 
+def markdown(runs: list[dict]) -> str:
+    """One Markdown table row per saved run (docs/benchmarks.md)."""
+    head = ("| run | fired / streamed | lateness p50 / p99 / max, ms | worst 10 s p99, ms | WAL B/job "
+            "| job dead: start → end → +60 s | autovacuum runs (job) | CPU ms/job: dispatcher / postgres / autovacuum "
+            "| CPUs waited: dispatcher / postgres | load avg |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in runs:
+        if r.get("scenario") == "recurring":
+            continue
+        o = r["lateness"]["overall"]
+        worst = max((x["p99"] for x in r["lateness"]["series"] if x.get("n")), default=None)
+        js, je, ja = (r[k]["job"]["dead"] for k in ("tables_start", "tables_stream_end", "tables_after"))
+        c, m = r["cpu_ms_per_job"], r["cpu_cores"]
+        lines.append(
+            f"| {r['label']} | {r['fired']:,} / {r.get('expected', 0):,} | {o['p50']:,} / {o['p99']:,} / {o['max']:,} "
+            f"| {worst:,} | {r['wal_bytes_per_job']:,.0f} | {js:,} → {je:,} → {ja:,} "
+            f"| {r['autovacuum_runs']['job']} (+{r['autovacuum_runs_after']['job']}) "
+            f"| {c['dispatcher']:.3f} / {c['pg_backends']:.3f} / {c['autovacuum']:.3f} "
+            f"| {m.get('wait_dispatcher', 0):.2f} / {m.get('wait_pg_backends', 0):.2f} "
+            f"| {r['machine']['load_start'][0]:.1f}–{r['machine']['load_end'][0]:.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.role == "feeder":
@@ -1022,6 +1047,7 @@ def main(argv=None) -> int:
         runs = [json.loads(Path(p).read_text().strip().splitlines()[-1]) for p in args.draw]
         for p in draw(runs, args.png_dir):
             say(f"wrote {p}")
+        print(markdown(runs))
         return 0
     machine = {"cpus": os.cpu_count(), "load_start": [round(x, 2) for x in os.getloadavg()],
                "host": socket.gethostname()}
