@@ -157,6 +157,7 @@ def feeder(args) -> int:
     get_app().loader.import_default_modules()
     seconds = int(round(args.minutes * 60))
     inserted, late, slowest = 0, 0, 0.0
+    ahead = []  # seconds each second's jobs were committed before the first of them was due
     for k in range(seconds):
         start = args.base + k
         wait = start - args.lead - time.time()
@@ -169,10 +170,15 @@ def feeder(args) -> int:
         inserted += args.rate
         done = time.time()
         slowest = max(slowest, done - t0)
+        ahead.append(start - done)
         if done > start - 1.0:  # committed after the dispatcher's look-ahead reached them: a late feeder
             late += 1
-    Path(args.result).write_text(json.dumps({"inserted": inserted, "late_seconds": late,
-                                             "slowest_insert_s": round(slowest, 3)}))
+    ahead.sort()
+    Path(args.result).write_text(json.dumps({
+        "inserted": inserted, "late_seconds": late, "slowest_insert_s": round(slowest, 3),
+        "committed_ahead_s": {"min": round(ahead[0], 3), "p1": round(ahead[len(ahead) // 100], 3),
+                              "p50": round(ahead[len(ahead) // 2], 3)} if ahead else None,
+        "committed_after_due": sum(1 for x in ahead if x < 0)}))
     return 0
 
 
@@ -880,7 +886,9 @@ def targets(r: dict) -> list[dict]:
         add("p99 in the first minute after it (ms)", (lat.get("first_minute_after") or {}).get("p99"), "<", 100)
     if sc == "dead-dispatcher":
         add("dead dispatcher: its shards taken over after (s)", lat.get("takeover_s"), "<=", r["shard_lease"] + 1)
-    if r.get("wal_bytes_per_job") is not None and sc != "workers":
+    kept_up = r.get("expected") and r.get("fired", 0) >= 0.98 * r["expected"]
+    if r.get("wal_bytes_per_job") is not None and sc != "workers" and kept_up:
+        # only where every streamed job fired: behind, the WAL of inserts outnumbers the jobs fired
         add("WAL bytes per fired job", r["wal_bytes_per_job"], "<=", 1024)
     start, after = (r.get("tables_start") or {}).get("job"), (r.get("tables_after") or {}).get("job")
     if start and after:
