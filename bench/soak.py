@@ -1040,8 +1040,8 @@ def markdown(runs: list[dict]) -> str:
             f"| {worst:,} | {r['wal_bytes_per_job']:,.0f} | {js:,} → {je:,} → {ja:,} "
             f"| {r['autovacuum_runs']['job']} (+{r['autovacuum_runs_after']['job']}) "
             f"| {c['dispatcher']:.3f} / {c['pg_backends']:.3f} / {c['autovacuum']:.3f} "
-            f"| {m.get('wait_dispatcher', 0):.2f} / {m.get('wait_pg_backends', 0):.2f} "
-            f"| {r['machine']['load_start'][0]:.1f}–{r['machine']['load_end'][0]:.1f} |")
+            + (f"| {m['wait_dispatcher']:.2f} / {m['wait_pg_backends']:.2f} " if "wait_dispatcher" in m else "| — ")
+            + f"| {r['machine']['load_start'][0]:.1f}–{r['machine']['load_end'][0]:.1f} |")
     return "\n".join(lines)
 
 
