@@ -640,11 +640,13 @@ class Soak:
 
     def hold_transaction(self):
         """A connection of its own: BEGIN; SELECT txid_current(); then idle (holds back every vacuum)."""
-        import psycopg
-        from demo.runner import database_url
+        from django.db import connections
 
-        conn = psycopg.connect(database_url(self.connection.settings_dict))
-        (xid,), = conn.execute("SELECT txid_current()").fetchall()
+        conn = connections.create_connection("default")  # a second connection, as Django's backend makes it
+        conn.set_autocommit(False)
+        with conn.cursor() as cur:
+            cur.execute("SELECT txid_current()")
+            (xid,) = cur.fetchone()
         return conn, xid
 
     def kill_dispatcher(self, name: str) -> dict:
