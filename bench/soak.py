@@ -1037,9 +1037,16 @@ def draw(runs: list[dict], png_dir: str) -> list[str]:
     return paths
 
 
+def dur(ms: float | None) -> str:
+    """A lateness for a reader: "87 ms", "1.2 s", "—"."""
+    if ms is None:
+        return "—"
+    return f"{ms:,.0f} ms" if abs(ms) < 1000 else f"{ms / 1000:,.1f} s"
+
+
 def markdown(runs: list[dict]) -> str:
     """One Markdown table row per saved run (docs/benchmarks.md)."""
-    head = ("| run | fired / streamed | lateness p50 / p99 / max, ms | worst 10 s p99, ms | WAL B/job "
+    head = ("| run | fired / streamed | lateness p50 / p99 / max | worst 10 s p99 | WAL B/job "
             "| job dead: start → end → +60 s | autovacuum runs (job) | CPU ms/job: dispatcher / postgres / autovacuum "
             "| CPUs waited: dispatcher / postgres | load avg |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
@@ -1051,8 +1058,8 @@ def markdown(runs: list[dict]) -> str:
         js, je, ja = (r[k]["job"]["dead"] for k in ("tables_start", "tables_stream_end", "tables_after"))
         c, m = r["cpu_ms_per_job"], r["cpu_cores"]
         lines.append(
-            f"| {r['label']} | {r['fired']:,} / {r.get('expected', 0):,} | {o['p50']:,} / {o['p99']:,} / {o['max']:,} "
-            f"| {worst:,} | {r['wal_bytes_per_job']:,.0f} | {js:,} → {je:,} → {ja:,} "
+            f"| {r['label']} | {r['fired']:,} / {r.get('expected', 0):,} | {dur(o['p50'])} / {dur(o['p99'])} / "
+            f"{dur(o['max'])} | {dur(worst)} | {r['wal_bytes_per_job']:,.0f} | {js:,} → {je:,} → {ja:,} "
             f"| {r['autovacuum_runs']['job']} (+{r['autovacuum_runs_after']['job']}) "
             f"| {c['dispatcher']:.3f} / {c['pg_backends']:.3f} / {c['autovacuum']:.3f} "
             + (f"| {m['wait_dispatcher']:.2f} / {m['wait_pg_backends']:.2f} " if "wait_dispatcher" in m else "| — ")
