@@ -702,9 +702,10 @@ class Soak:
         path = self.tmp / "consumer.out.npz"
         if not path.exists():
             return {"overall": pct(np.empty(0))}
-        data = np.load(path)
-        keep = data["fire_at"] >= base  # not the one job that showed the dispatchers ready
-        f, late, shard = data["fire_at"][keep], data["late_ms"][keep], data["shard"][keep]
+        with np.load(path) as data:
+            keep = data["fire_at"] >= base  # not the one job that showed the dispatchers ready
+            f, late, shard = data["fire_at"][keep], data["late_ms"][keep], data["shard"][keep]
+        path.unlink()  # ~17 bytes a job: 100 MB after a 10-minute run at 10,000/s
         every = self.args.every
         out: dict = {"overall": pct(late), "duplicates_or_extra": None}
         rows = []
