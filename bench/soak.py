@@ -1025,6 +1025,7 @@ def draw(runs: list[dict], png_dir: str) -> list[str]:
                     linestyle="--", label=f"worst 10 s p99, {rate:,} jobs/s")
         ax.axhline(100, color="tab:red", linewidth=0.6, linestyle="--", label="target 100 ms")
         ax.set_xscale("symlog", linthresh=100_000)
+        ax.set_xlim(0, 2 * max(r["pending"] for r in steady))
         ax.set_yscale("log")
         ax.set_xlabel("pending future jobs in the table")
         ax.set_ylabel("dispatch lateness p99, ms")
