@@ -1,0 +1,63 @@
+"""A worker's clock against the database's: when to start a message published ahead of its fire_at.
+
+With ``ETA_LEAD`` the dispatcher publishes a run before its ``fire_at``, its
+message carrying Celery's ``eta`` (the ``fire_at``, on the database clock). A
+Celery worker holds such a message until the eta *by its own clock*. A worker
+whose clock is behind the database's would hold it for as long as its clock is
+off (an hour off: an hour late); one whose clock is ahead would start it early
+(refused by ``start_attempt``, which tells it how long to wait).
+
+So the worker's main process measures its clock's offset from the database's
+(:func:`measure`, at start and with every health heartbeat, one ``SELECT``), and
+:class:`JobRequest`, the Celery request class of :class:`~cron_at_scale.worker.JobTask`
+(Celery's documented ``Task.Request``), moves the eta of a message the
+dispatcher published onto the worker's clock. The message itself is the one
+``send_task(..., eta=fire_at)`` sends; a worker without this class starts it at
+the eta by its own clock, still never before its ``fire_at`` by the database's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime, timedelta
+
+from celery.worker.request import Request
+
+from . import db
+from .publish import HEADER
+
+log = logging.getLogger(__name__)
+
+# Seconds this process's clock is ahead of the database's (negative: behind); 0 until measured.
+offset = 0.0
+# Larger offsets are logged: a clock this far off is worth an operator's look.
+WARN_OFFSET = 1.0
+
+
+def measure() -> float:
+    """Measure this process's clock against the database's (the middle of one round trip) and keep
+    it in :data:`offset`; return it, in seconds (positive: this clock is ahead)."""
+    global offset
+    t0 = time.time()
+    (db_now,) = db.run("database_clock", fetch="one")
+    t1 = time.time()
+    new = (t0 + t1) / 2 - float(db_now)
+    if abs(new) > WARN_OFFSET and abs(new - offset) > WARN_OFFSET:
+        log.warning("this worker's clock is %.3fs %s the database's: messages published ahead of their "
+                    "fire_at are held on the database's clock", abs(new), "ahead of" if new > 0 else "behind")
+    offset = new
+    return new
+
+
+class JobRequest(Request):
+    """Celery's request, with the eta of a message the dispatcher published ahead of its fire_at
+    moved onto this worker's clock (by :data:`offset`): the worker's timer then fires at the
+    ``fire_at`` of the database clock. Other messages are Celery's own."""
+
+    @property
+    def eta(self) -> datetime | None:
+        eta = super().eta
+        if eta is None or not offset or HEADER not in (self.request_dict or {}):
+            return eta
+        return eta + timedelta(seconds=offset)
