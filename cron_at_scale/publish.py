@@ -193,8 +193,8 @@ class Publisher:
             try:
                 for c in batch:
                     options = {"priority": c.options["priority"]} if "priority" in (c.options or {}) else {}
-                if c.eta is not None:
-                    options["eta"] = c.eta
+                    if c.eta is not None:
+                        options["eta"] = c.eta
                     self.app.send_task(
                         c.task, args=c.payload.get("args", ()), kwargs=c.payload.get("kwargs", {}),
                         task_id=task_id_for(c.job_id, c.attempt), queue=c.queue or None,
