@@ -51,17 +51,28 @@ def worker_measured(name: str) -> bool:
     return bool(sql("SELECT 1 FROM cron_at_scale_workerhealth WHERE name LIKE %s", [f"{name}@%"]))
 
 
+def warm_up(p: Processes, app, worker: str) -> None:
+    """Start ``worker`` and a dispatcher; return once a job due now has run (both are up, the
+    worker's clock measured), its rows deleted."""
+    p.worker(worker)
+    p.dispatcher("d")
+    wait_for_workers(app, [worker])
+    wait_until(lambda: worker_measured(worker), what="the worker's first heartbeat")
+    cron_at_scale.schedule("demo.tasks.record")
+    wait_until(lambda: Execution.objects.exists(), timeout=60, what="a first run")
+    sql("DELETE FROM demo_execution")
+    sql("DELETE FROM cron_at_scale_jobattempt")
+    sql("DELETE FROM cron_at_scale_job")
+
+
 def test_a_worker_whose_clock_steps_ahead_starts_nothing_before_its_fire_at(system, procs):
     # The worker measures its clock at start (in step), then its clock jumps 0.8 s ahead and is not
     # measured again (heartbeat every 300 s): it takes every eta 0.8 s early. The start statement
     # refuses each such start, the task waits what the database says, and starts on time.
     p = procs({**LEAD, "WORKER_HEARTBEAT_INTERVAL": 300})
-    p.worker("ahead")
-    wait_for_workers(system.app, ["ahead"])
-    wait_until(lambda: worker_measured("ahead"), what="the worker's first heartbeat")
+    warm_up(p, system.app, "ahead")
     procs.step_clock(0.8)
-    jobs = [cron_at_scale.schedule("demo.tasks.record", countdown=3 + i * 0.05) for i in range(30)]
-    p.dispatcher("d")
+    jobs = [cron_at_scale.schedule("demo.tasks.record", countdown=2 + i * 0.05) for i in range(30)]
     wait_until(lambda: Execution.objects.count() == 30, timeout=90, what="30 runs")
     rows = sql("""SELECT a.attempt, extract(epoch FROM a.started_at - a.scheduled_at),
                          extract(epoch FROM x.executed_at - j.fire_at), a.dispatched_at < a.scheduled_at
@@ -80,11 +91,8 @@ def test_a_worker_whose_clock_is_an_hour_behind_starts_runs_on_time(system, proc
     # dispatcher's messages on the database's clock instead (its measured offset).
     procs.step_clock(-3600)
     p = procs(LEAD)
-    p.worker("behind")
-    wait_for_workers(system.app, ["behind"])
-    wait_until(lambda: worker_measured("behind"), what="the worker's first heartbeat")
-    cron_at_scale.schedule_many([{"task": "demo.tasks.record", "countdown": 3 + i * 0.1} for i in range(10)])
-    p.dispatcher("d")
+    warm_up(p, system.app, "behind")
+    cron_at_scale.schedule_many([{"task": "demo.tasks.record", "countdown": 2 + i * 0.1} for i in range(10)])
     wait_until(lambda: Execution.objects.count() == 10, timeout=25, what="10 runs, none held an hour")
     rows = sql("""SELECT a.attempt, extract(epoch FROM a.started_at - a.scheduled_at), a.dispatched_at < a.scheduled_at
                   FROM cron_at_scale_jobattempt a""")
@@ -94,9 +102,7 @@ def test_a_worker_whose_clock_is_an_hour_behind_starts_runs_on_time(system, proc
 
 def test_a_job_cancelled_before_its_eta_does_not_start(system, procs):
     p = procs(LEAD)
-    p.worker("w")
-    p.dispatcher("d")
-    wait_for_workers(system.app, ["w"])
+    warm_up(p, system.app, "w")
     job = cron_at_scale.schedule("demo.tasks.record", countdown=4)
     # claimed and published with its eta a second before its fire_at, then held by the worker
     wait_until(lambda: JobAttempt.objects.filter(job_id=job.id).exists(), timeout=10, what="the claim")

@@ -106,9 +106,9 @@ def sqs_server(tmp_path):
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
-            except OSError:
+            except OSError as e:
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("moto_server did not start: " + (tmp_path / "moto.log").read_text()[-2000:])
+                    raise RuntimeError("moto_server did not start: " + (tmp_path / "moto.log").read_text()[-2000:]) from e
                 time.sleep(0.1)
         yield f"sqs://testing:testing@127.0.0.1:{port}"
     finally:
