@@ -87,9 +87,9 @@ os.environ.setdefault("CRON_AT_SCALE_DATA_DIR", str(ROOT / ".demo-data"))
 WORKLOADS = ("ceiling", "w3", "overhead", "w1", "w2", "eta", "lag")
 SIZES = {
     "default": {"jobs": 20_000, "burst": 100_000, "general": 5_000, "overhead": 6_000, "rates": "500,2000",
-                "duration": 60.0, "duration_high": 20.0, "eta_jobs": 20_000, "future": 1_000_000, "many": 200_000, "due": 10_000},
+                "duration": 60.0, "duration_high": 20.0, "eta_jobs": 20_000, "future": 1_000_000, "many": 200_000, "due": 10_000, "turns": 2},
     "small": {"jobs": 300, "burst": 1_000, "general": 100, "overhead": 300, "rates": "50", "duration": 3.0, "duration_high": 3.0,
-              "eta_jobs": 300, "future": 20_000, "many": 2_000, "due": 300},
+              "eta_jobs": 300, "future": 20_000, "many": 2_000, "due": 300, "turns": 1},
 }
 OVERHEAD_ROUNDS = 3  # plain and scheduled in turn, each this many times
 OVERHEAD_QUEUES = ("bench_plain", "bench_scheduled")  # one each: a BRPOP in flight at cancel_consumer takes no message of the other
@@ -157,7 +157,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    "workers cannot keep up with 2000/s, so a longer stream only measures their backlog)")
     p.add_argument("--eta-jobs", type=int, help="Celery ETA jobs due at one instant (20000)")
     p.add_argument("--eta-leads", help="lag: the dispatcher's ETA_LEAD values, comma-separated (0 and the setting's)")
-    p.add_argument("--turns", type=int, default=2, help="lag: rounds of ours and Celery ETA in turn (2)")
+    p.add_argument("--turns", type=int, help="lag: rounds of ours and Celery ETA in turn (2)")
     p.add_argument("--stream-lead", type=float, default=1.0,
                    help="lag: seconds before its ETA each apply_async(eta=...) of the stream is sent (1.0)")
     p.add_argument("--future", type=int, help="W3: future jobs in the table (1000000; the issue's figure is 10000000)")
@@ -732,7 +732,8 @@ class Bench:
             row = {f"ours_lead_{lead:g}": self.w2(per_s, a.duration, lead)["start_lag_ms"] for lead in leads}
             row["celery_eta"] = self._eta(int(per_s * a.duration), per_s, stream=a.stream_lead)["start_lag_ms"]
             turns.append(row)
-        out: dict = {"rate": per_s, "seconds": a.duration, "stream_lead": a.stream_lead, "turns": turns, "median": {}}
+        out: dict = {"rate": per_s, "seconds": a.duration, "jobs": int(per_s * a.duration), "stream_lead": a.stream_lead,
+                     "turns": turns, "median": {}}
         for side in turns[0]:
             out["median"][side] = {k: statistics.median(t[side][k] for t in turns) for k in ("p50", "p99")}
             m = out["median"][side]
@@ -784,6 +785,12 @@ class Bench:
 # -- output -------------------------------------------------------------------------------
 
 
+def conf_lead() -> float:
+    from cron_at_scale import conf
+
+    return float(conf.get("ETA_LEAD"))
+
+
 def targets(r: dict) -> list[dict]:
     """The published targets this run measured (docs/benchmarks.md): figure, target, met."""
     out = []
@@ -803,8 +810,8 @@ def targets(r: dict) -> list[dict]:
             add("firing to RabbitMQ, confirmed (jobs/s)", c["rabbitmq"]["firing"]["jobs_per_s"], ">=", 10_000)
     for w in r.get("w2") or []:
         if w["rate"] == 500:
-            add("W2 500/s start lag p99 (ms)", w["start_lag_ms"]["p99"], "<", 150)
-            add("W2 500/s start lag p50 (ms)", w["start_lag_ms"]["p50"], "<", 50)
+            add("W2 500/s start lag p99 (ms)", w["start_lag_ms"]["p99"], "<", 100)
+            add("W2 500/s start lag p50 (ms)", w["start_lag_ms"]["p50"], "<", 20)
     w3 = r.get("w3") or {}
     if w3:
         add("schedule_many (jobs/s)", w3["schedule_many"]["jobs_per_s"], ">=", 100_000)
@@ -814,10 +821,13 @@ def targets(r: dict) -> list[dict]:
     lag = (r.get("lag") or {}).get("median") or {}
     if lag.get("celery_eta"):
         ours = [v for k, v in lag.items() if k.startswith("ours_lead_") and k != "ours_lead_0"]
+        mine = lag.get(f"ours_lead_{conf_lead():g}") or (ours[0] if ours else None)
         for q in ("p50", "p99"):
-            if ours:
-                best = min(ours, key=lambda m: m["p99"])
-                add(f"lag {r['lag']['rate']}/s: ours start lag {q} (ms)", best[q], "<=", lag["celery_eta"][q])
+            if mine:  # the setting's lead (else the first non-zero one measured) against Celery ETA
+                add(f"lag {r['lag']['rate']}/s: ours start lag {q} (ms)", mine[q], "<=", lag["celery_eta"][q])
+        if mine and r["lag"]["rate"] == 500:
+            add("W2 500/s with ETA_LEAD: start lag p99 (ms)", mine["p99"], "<", 100)
+            add("W2 500/s with ETA_LEAD: start lag p50 (ms)", mine["p50"], "<", 20)
     o = r.get("overhead") or {}
     if o:
         add("worker: scheduled / plain completions", o["ratio"], ">=", 0.7)
