@@ -726,14 +726,15 @@ class Bench:
         a = self.args
         leads = a.eta_leads or sorted({0.0, float(conf.get("ETA_LEAD"))})
         per_s = a.rates[0]
-        turns = []
+        turns, series = [], []  # per turn: start lag per side; its per-second p50/p99
         for turn in range(a.turns):
             say(f"lag: turn {turn + 1} of {a.turns}")
-            row = {f"ours_lead_{lead:g}": self.w2(per_s, a.duration, lead)["start_lag_ms"] for lead in leads}
-            row["celery_eta"] = self._eta(int(per_s * a.duration), per_s, stream=a.stream_lead)["start_lag_ms"]
-            turns.append(row)
+            runs = {f"ours_lead_{lead:g}": self.w2(per_s, a.duration, lead) for lead in leads}
+            runs["celery_eta"] = self._eta(int(per_s * a.duration), per_s, stream=a.stream_lead)
+            turns.append({side: run["start_lag_ms"] for side, run in runs.items()})
+            series.append({side: run.get("series") for side, run in runs.items()})
         out: dict = {"rate": per_s, "seconds": a.duration, "jobs": int(per_s * a.duration), "stream_lead": a.stream_lead,
-                     "turns": turns, "median": {}}
+                     "turns": turns, "series": series, "median": {}}
         for side in turns[0]:
             out["median"][side] = {k: statistics.median(t[side][k] for t in turns) for k in ("p50", "p99")}
             m = out["median"][side]
