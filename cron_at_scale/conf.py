@@ -18,7 +18,8 @@ DEFAULTS: dict[str, Any] = {
     # set to its fire_at: the worker holds it for the last moments and starts it on time
     # (the broker and the pickup happen before, not after, the fire_at). 0: published at its
     # fire_at, no eta. At most LOOKAHEAD (a run cannot go out before it is claimed).
-    "ETA_LEAD": 0.25,
+    # None: 1 s or LOOKAHEAD if shorter (a second keeps ETA's costs small: see docs/settings.md).
+    "ETA_LEAD": None,
     # Per destination queue: stop claiming the jobs of a queue holding more messages than this
     # (an overload waits in the database), while the other queues keep firing.
     "MAX_BROKER_DEPTH": 200_000,
@@ -90,8 +91,8 @@ def problems() -> list[str]:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60:
         out.append(f"CRON_AT_SCALE['LOOKAHEAD'] must be a number of seconds from 0 to 60, got {value!r}")
     value = user.get("ETA_LEAD", DEFAULTS["ETA_LEAD"])
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60:
-        out.append(f"CRON_AT_SCALE['ETA_LEAD'] must be a number of seconds from 0 to 60, got {value!r}")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60):
+        out.append(f"CRON_AT_SCALE['ETA_LEAD'] must be a number of seconds from 0 to 60 or None, got {value!r}")
     if not out:
         out += contradictions(values())
     for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS", "PREPARED_STATEMENTS", "HOLD_UNCONSUMED_QUEUES"):
@@ -130,7 +131,7 @@ def contradictions(values: dict[str, Any]) -> list[str]:
         out.append(f"CRON_AT_SCALE['LOOKAHEAD'] ({values['LOOKAHEAD']}s) must be shorter than "
                    f"CRON_AT_SCALE['DISPATCH_LEASE'] ({values['DISPATCH_LEASE']}s): a run held for its fire_at "
                    "would be reaped and fired again before it was due")
-    lead = float(values.get("ETA_LEAD", DEFAULTS["ETA_LEAD"]))
+    lead = eta_lead(values)
     if lead > float(values["LOOKAHEAD"]):
         out.append(f"CRON_AT_SCALE['ETA_LEAD'] ({lead}s) must be at most CRON_AT_SCALE['LOOKAHEAD'] "
                    f"({values['LOOKAHEAD']}s): a run cannot be published before it is claimed")
@@ -143,6 +144,18 @@ def contradictions(values: dict[str, Any]) -> list[str]:
                    f"CRON_AT_SCALE['RUN_LEASE'] ({values['RUN_LEASE']}s): a running attempt's lease would expire "
                    "between two heartbeats")
     return out
+
+
+ETA_LEAD_DEFAULT = 1.0  # seconds, when ETA_LEAD is None (and LOOKAHEAD is not shorter)
+
+
+def eta_lead(values: dict[str, Any]) -> float:
+    """The ETA lead in seconds that ``values`` (every setting, as :func:`values` gives them) make:
+    ``ETA_LEAD``, or if None, 1 s or ``LOOKAHEAD`` if shorter."""
+    lead = values.get("ETA_LEAD")
+    if lead is None:
+        return min(ETA_LEAD_DEFAULT, float(values["LOOKAHEAD"]))
+    return float(lead)
 
 
 def check() -> None:

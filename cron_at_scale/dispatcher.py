@@ -56,9 +56,11 @@ class Dispatcher:
         self.lookahead = float(conf.get("LOOKAHEAD") if lookahead is None else lookahead)
         # seconds before its fire_at a held run is published, with Celery's eta set to its fire_at;
         # a look-ahead given here (tools, tests) bounds the setting's lead unless a lead is given too
-        self.eta_lead = float(conf.get("ETA_LEAD") if eta_lead is None else eta_lead)
-        if eta_lead is None and lookahead is not None:
-            self.eta_lead = min(self.eta_lead, self.lookahead)
+        if eta_lead is None:
+            eta_lead = conf.eta_lead({**conf.values(), "LOOKAHEAD": self.lookahead})
+            if lookahead is not None:
+                eta_lead = min(eta_lead, self.lookahead)
+        self.eta_lead = float(eta_lead)
         found = conf.contradictions({**conf.values(), "LOOKAHEAD": self.lookahead, "DISPATCH_LEASE": self.lease,
                                      "ETA_LEAD": self.eta_lead})
         if found:  # the arguments given here may contradict each other too

@@ -32,9 +32,9 @@ class IdempotentStart(Middleware):
     def before_run(self, run: Run) -> None:
         run.job_id, run.attempt = str(run.meta["job_id"]), int(run.meta["attempt"])
         row = self.completer.start(run.job_id, run.attempt, run.worker)
-        waited, bound = 0.0, float(conf.get("ETA_LEAD")) + EARLY_MARGIN
+        waited = 0.0
         while row is not None and row.outcome == "early":
-            if waited + row.early_by > bound:
+            if waited + row.early_by > conf.eta_lead(conf.values()) + EARLY_MARGIN:
                 log.warning("job %s attempt %d: run %.3fs before its fire_at by the database clock (the worker's "
                             "clock is ahead?); not started, the reaper fires it again", run.job_id, row.attempt,
                             row.early_by)

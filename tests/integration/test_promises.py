@@ -131,6 +131,9 @@ def test_eta_lead_longer_than_the_lookahead_or_the_lease_is_refused_naming_both(
     with pytest.raises(ImproperlyConfigured, match="ETA_LEAD"):
         Dispatcher(name="x", lookahead=0.5, eta_lead=0.6)
     assert Dispatcher(name="x", lookahead=0).eta_lead == 0  # a look-ahead given bounds the setting's lead
+    assert Dispatcher(name="x").eta_lead == 1.0  # by default: 1 s, or the look-ahead if shorter
+    settings.CRON_AT_SCALE = {"LOOKAHEAD": 0.5, "DISPATCH_LEASE": 1.0}
+    assert conf.problems() == [] and Dispatcher(name="x").eta_lead == 0.5
 
 
 def test_a_start_before_its_fire_at_by_the_database_clock_is_refused_and_says_how_early(dispatcher):
