@@ -724,7 +724,7 @@ class Bench:
         from cron_at_scale import conf
 
         a = self.args
-        leads = a.eta_leads or sorted({0.0, float(conf.get("ETA_LEAD"))})
+        leads = a.eta_leads or sorted({0.0, conf.eta_lead(conf.values())})
         per_s = a.rates[0]
         turns, series = [], []  # per turn: start lag per side; its per-second p50/p99
         for turn in range(a.turns):
@@ -789,7 +789,7 @@ class Bench:
 def conf_lead() -> float:
     from cron_at_scale import conf
 
-    return float(conf.get("ETA_LEAD"))
+    return conf.eta_lead(conf.values())
 
 
 def targets(r: dict) -> list[dict]:
