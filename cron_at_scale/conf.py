@@ -14,6 +14,12 @@ DEFAULTS: dict[str, Any] = {
     # Jobs due within this many seconds are claimed early and published at their
     # fire_at from an in-memory timer: firing lag does not depend on the poll.
     "LOOKAHEAD": 1.0,
+    # A run held for its fire_at is published this many seconds before it, with Celery's eta
+    # set to its fire_at: the worker holds it for the last moments and starts it on time
+    # (the broker and the pickup happen before, not after, the fire_at). 0: published at its
+    # fire_at, no eta. At most LOOKAHEAD (a run cannot go out before it is claimed).
+    # None: 1 s or LOOKAHEAD if shorter (a second keeps ETA's costs small: see docs/settings.md).
+    "ETA_LEAD": None,
     # Per destination queue: stop claiming the jobs of a queue holding more messages than this
     # (an overload waits in the database), while the other queues keep firing.
     "MAX_BROKER_DEPTH": 200_000,
@@ -96,6 +102,9 @@ def problems() -> list[str]:
     value = user.get("LOOKAHEAD", DEFAULTS["LOOKAHEAD"])
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60:
         out.append(f"CRON_AT_SCALE['LOOKAHEAD'] must be a number of seconds from 0 to 60, got {value!r}")
+    value = user.get("ETA_LEAD", DEFAULTS["ETA_LEAD"])
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60):
+        out.append(f"CRON_AT_SCALE['ETA_LEAD'] must be a number of seconds from 0 to 60 or None, got {value!r}")
     if not out:
         out += contradictions(values())
     for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS", "PREPARED_STATEMENTS", "HOLD_UNCONSUMED_QUEUES"):
@@ -129,6 +138,9 @@ def contradictions(values: dict[str, Any]) -> list[str]:
     * ``LOOKAHEAD`` < ``DISPATCH_LEASE``: a run claimed early waits in its dispatcher until its
       ``fire_at``; a dispatch lease no longer than that wait would let the reaper fire it again
       before it was due.
+    * ``ETA_LEAD`` <= ``LOOKAHEAD``: a run is published at most its look-ahead before its ``fire_at``
+      (it is claimed no earlier), and ``ETA_LEAD`` < ``DISPATCH_LEASE``: the lease of a run
+      counts from its ``fire_at``, a lead as long would outlast it (also implied by the first two).
     * ``HEARTBEAT_INTERVAL`` < ``RUN_LEASE``: a running attempt's lease would expire between two
       heartbeats, and every run longer than the lease would be fired again while it runs.
     """
@@ -137,11 +149,31 @@ def contradictions(values: dict[str, Any]) -> list[str]:
         out.append(f"CRON_AT_SCALE['LOOKAHEAD'] ({values['LOOKAHEAD']}s) must be shorter than "
                    f"CRON_AT_SCALE['DISPATCH_LEASE'] ({values['DISPATCH_LEASE']}s): a run held for its fire_at "
                    "would be reaped and fired again before it was due")
+    lead = eta_lead(values)
+    if lead > float(values["LOOKAHEAD"]):
+        out.append(f"CRON_AT_SCALE['ETA_LEAD'] ({lead}s) must be at most CRON_AT_SCALE['LOOKAHEAD'] "
+                   f"({values['LOOKAHEAD']}s): a run cannot be published before it is claimed")
+    if not lead < float(values["DISPATCH_LEASE"]):
+        out.append(f"CRON_AT_SCALE['ETA_LEAD'] ({lead}s) must be shorter than CRON_AT_SCALE['DISPATCH_LEASE'] "
+                   f"({values['DISPATCH_LEASE']}s): a message held by a worker for its eta would outlast "
+                   "its dispatch lease")
     if not float(values["HEARTBEAT_INTERVAL"]) < float(values["RUN_LEASE"]):
         out.append(f"CRON_AT_SCALE['HEARTBEAT_INTERVAL'] ({values['HEARTBEAT_INTERVAL']}s) must be shorter than "
                    f"CRON_AT_SCALE['RUN_LEASE'] ({values['RUN_LEASE']}s): a running attempt's lease would expire "
                    "between two heartbeats")
     return out
+
+
+ETA_LEAD_DEFAULT = 1.0  # seconds, when ETA_LEAD is None (and LOOKAHEAD is not shorter)
+
+
+def eta_lead(values: dict[str, Any]) -> float:
+    """The ETA lead in seconds that ``values`` (every setting, as :func:`values` gives them) make:
+    ``ETA_LEAD``, or if None, 1 s or ``LOOKAHEAD`` if shorter."""
+    lead = values.get("ETA_LEAD")
+    if lead is None:
+        return min(ETA_LEAD_DEFAULT, float(values["LOOKAHEAD"]))
+    return float(lead)
 
 
 def check() -> None:

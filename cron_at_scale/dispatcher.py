@@ -45,14 +45,23 @@ class Dispatcher:
 
     def __init__(self, name: str | None = None, batch_size: int | None = None,
                  poll_interval: float | None = None, lease: float | None = None, app=None,
-                 shards: str = "auto", lookahead: float | None = None, hold_unconsumed: bool | None = None):
+                 shards: str = "auto", lookahead: float | None = None, hold_unconsumed: bool | None = None,
+                 eta_lead: float | None = None):
         conf.check()
         self.name = name or process_name()
         self.batch_size = int(batch_size or conf.get("BATCH_SIZE"))
         self.poll_interval = float(conf.get("POLL_INTERVAL") if poll_interval is None else poll_interval)
         self.lease = float(lease or conf.get("DISPATCH_LEASE"))
         self.lookahead = float(conf.get("LOOKAHEAD") if lookahead is None else lookahead)
-        found = conf.contradictions({**conf.values(), "LOOKAHEAD": self.lookahead, "DISPATCH_LEASE": self.lease})
+        # seconds before its fire_at a held run is published, with Celery's eta set to its fire_at;
+        # a look-ahead given here (tools, tests) bounds the setting's lead unless a lead is given too
+        if eta_lead is None:
+            eta_lead = conf.eta_lead({**conf.values(), "LOOKAHEAD": self.lookahead})
+            if lookahead is not None:
+                eta_lead = min(eta_lead, self.lookahead)
+        self.eta_lead = float(eta_lead)
+        found = conf.contradictions({**conf.values(), "LOOKAHEAD": self.lookahead, "DISPATCH_LEASE": self.lease,
+                                     "ETA_LEAD": self.eta_lead})
         if found:  # the arguments given here may contradict each other too
             raise ImproperlyConfigured("; ".join(found))
         self.max_broker_depth = int(conf.get("MAX_BROKER_DEPTH"))
@@ -77,7 +86,7 @@ class Dispatcher:
         self.claimed_total = 0
         self.published_total = 0
         self._next_shards = 0.0
-        self._timers: list[tuple[float, int, Claimed]] = []  # (monotonic due time, seq, run)
+        self._timers: list[tuple[float, int, Claimed]] = []  # (monotonic publish time, seq, run)
         self._seq = 0
         self._clock: tuple[float, float] | None = None  # (database time, monotonic) at the last claim
         self.more_due = False  # the last claim left rows due: claim again without waiting
@@ -123,6 +132,11 @@ class Dispatcher:
     def tick(self, wait: bool = True) -> int:
         """Claim one batch; publish what is due now, hold the rest on timers; return the count claimed.
 
+        A run not yet due goes out ``eta_lead`` seconds before its ``fire_at`` (on this process's
+        estimate of the database clock), its message carrying Celery's ``eta`` = its ``fire_at``;
+        the worker holds it until then, and its start statement refuses it earlier (the database
+        clock decides, see ``start_attempt``). A run already due goes out at once, without an eta.
+
         ``wait=False`` (the run loop) returns once the batch is queued for the sender thread.
         """
         batch = self.claim()
@@ -136,9 +150,11 @@ class Dispatcher:
                 at = mono + (run.fire_at.timestamp() - db_time)  # when it is due, on this process's clock
                 if at <= mono:
                     due.append(run)
+                elif at - self.eta_lead <= mono:
+                    due.append(replace(run, eta=run.fire_at))
                 else:
                     self._seq += 1
-                    heapq.heappush(self._timers, (at, self._seq, run))
+                    heapq.heappush(self._timers, (at - self.eta_lead, self._seq, run))
             self._publish(due, wait)
             log.info("dispatcher %s claimed %d jobs (%d held for their fire_at); first job %s", self.name,
                      len(batch), len(batch) - len(due), batch[0].job_id,
@@ -149,8 +165,10 @@ class Dispatcher:
         """Publish the held runs whose time has come (all up to ``until``, a monotonic time)."""
         until = time.monotonic() if until is None else until
         due = []
+        lead = self.eta_lead
         while self._timers and self._timers[0][0] <= until:
-            due.append(heapq.heappop(self._timers)[2])
+            run = heapq.heappop(self._timers)[2]
+            due.append(replace(run, eta=run.fire_at) if lead else run)
         self._publish(due, wait)
         return len(due)
 

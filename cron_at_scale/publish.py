@@ -73,6 +73,7 @@ class Claimed:
     queue: str
     options: dict
     occurrence: datetime | None = None  # a recurring run's nominal occurrence (fire_at minus jitter)
+    eta: datetime | None = None  # published before its fire_at (ETA_LEAD): Celery's eta, its fire_at
 
     @classmethod
     def from_row(cls, row) -> Claimed:
@@ -192,6 +193,8 @@ class Publisher:
             try:
                 for c in batch:
                     options = {"priority": c.options["priority"]} if "priority" in (c.options or {}) else {}
+                    if c.eta is not None:
+                        options["eta"] = c.eta
                     self.app.send_task(
                         c.task, args=c.payload.get("args", ()), kwargs=c.payload.get("kwargs", {}),
                         task_id=task_id_for(c.job_id, c.attempt), queue=c.queue or None,
@@ -244,10 +247,10 @@ class Publisher:
         args = c.payload.get("args", [])
         kwargs = c.payload.get("kwargs", {})
         priority = (c.options or {}).get("priority") or 0
-        key = (c.task, target, priority)
+        key = (c.task, target, priority, c.eta is not None)
         template = self._templates.get(key)
         if template is None:
-            template = self._templates[key] = self._template(c.task, target, priority)
+            template = self._templates[key] = self._template(c.task, target, priority, c.eta is not None)
         task_id = json.dumps(task_id_for(c.job_id, c.attempt))
         values = {
             "body": json.dumps(base64.b64encode(json.dumps([args, kwargs, _EMBED]).encode()).decode()),
@@ -256,6 +259,7 @@ class Publisher:
             "kwargsrepr": json.dumps(repr(kwargs)[:_REPR_MAX]),
             "header": json.dumps(header(c)),
             "tag": json.dumps(str(uuid.uuid4())),
+            "eta": json.dumps(c.eta.isoformat()) if c.eta is not None else "null",
         }
         out = [template[0]]
         for i in range(1, len(template), 2):
@@ -263,15 +267,16 @@ class Publisher:
             out.append(template[i + 1])
         return "".join(out)
 
-    def _template(self, task: str, target: str, priority: int) -> list[str]:
+    def _template(self, task: str, target: str, priority: int, eta: bool = False) -> list[str]:
         """Celery's envelope as JSON text split around the per-run values: [text, name, text, ...]."""
-        slot = {name: f"@@cas:{name}@@" for name in ("body", "id", "argsrepr", "kwargsrepr", "header", "tag")}
+        slot = {name: f"@@cas:{name}@@" for name in ("body", "id", "argsrepr", "kwargsrepr", "header", "tag", "eta")}
         text = json.dumps({
             "body": slot["body"],
             "content-encoding": "utf-8",
             "content-type": "application/json",
             "headers": {
-                "lang": "py", "task": task, "id": slot["id"], "shadow": None, "eta": None, "expires": None,
+                "lang": "py", "task": task, "id": slot["id"], "shadow": None, "eta": slot["eta"] if eta else None,
+                "expires": None,
                 "group": None, "group_index": None, "retries": 0, "timelimit": [None, None],
                 "root_id": slot["id"], "parent_id": None,
                 "argsrepr": slot["argsrepr"], "kwargsrepr": slot["kwargsrepr"],

@@ -234,6 +234,8 @@ class AmqpPublisher:
                 headers["argsrepr"] = repr(args or ())[:_REPR_MAX]
                 headers["kwargsrepr"] = repr(kwargs)[:_REPR_MAX]
                 headers[HEADER] = header(c)
+                if c.eta is not None:
+                    headers["eta"] = c.eta.isoformat()
                 message = prepare(dumps([args, kwargs, _EMBED]).encode(), (c.options or {}).get("priority") or 0,
                                   "application/json", "utf-8", headers,
                                   {"correlation_id": task_id, "reply_to": reply_to, "delivery_mode": r.delivery_mode})

@@ -187,6 +187,8 @@ WHERE j.id = n.job_id;
 -- start lost in a crash of PostgreSQL would let the same (job, attempt) be
 -- claimed and run again. Its flush also makes durable the claim before it
 -- (asynchronous) and the completions it carries.
+-- Nothing starts before its scheduled_at on this clock: a message published ahead of its
+-- fire_at (ETA_LEAD) that a worker runs early (its clock ahead) gets an 'early' row instead.
 -- Every table is reached by primary key or (job_id, attempt) from the pairs given,
 -- never through a join the planner could turn around: the statement's one generic
 -- plan (made at the first EXECUTE of a connection, maybe while the tables looked
@@ -282,6 +284,7 @@ WITH done AS (
     FROM cron_at_scale_job AS j
     WHERE a.id = (SELECT id FROM target)
       AND (a.outcome = 'dispatched' OR (a.outcome = 'running' AND a.run_token = %(token)s)) AND j.id = a.job_id
+      AND a.scheduled_at <= statement_timestamp()
     RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retries, j.max_retries, j.options,
               a.started_at, j.created_at, a.attempt, a.job_id, a.error,
               a.outcome = 'skipped' AND a.error LIKE 'expired:%%' AS expired,
@@ -297,8 +300,15 @@ WITH done AS (
     WHERE j.id = ANY(ARRAY(SELECT job_id FROM started WHERE expired))
 )
 SELECT outcome, scheduled_at, schedule_type, cancel_requested, retries, max_retries, options, started_at,
-       created_at, error, attempt
-FROM started;
+       created_at, error, 0.0::float8 AS early_by, attempt
+FROM started
+UNION ALL
+-- Not due yet on the database clock (a message published ETA_LEAD ahead, run by a worker whose
+-- clock is ahead): nothing changes, and the worker learns how many seconds early it is.
+SELECT 'early', a.scheduled_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       extract(epoch FROM a.scheduled_at - statement_timestamp())::float8, a.attempt
+FROM cron_at_scale_jobattempt AS a
+WHERE a.id = (SELECT id FROM target) AND a.outcome = 'dispatched' AND a.scheduled_at > statement_timestamp();
 
 -- name: finish_attempt :prepared
 -- Close an attempt and, for a one-off job still on this attempt, set its
@@ -725,3 +735,7 @@ COPY cron_at_scale_job (id, fire_at, payload, task, queue, options, timezone, ma
                         schedule_type, cron_expr, interval, occurrence_at, catchup, catchup_window, overlap, jitter,
                         status)
 FROM STDIN;
+
+-- name: database_clock
+-- The database's clock (seconds since the epoch), for a worker's measure of its own clock's offset.
+SELECT extract(epoch FROM statement_timestamp())::float8 AS db_now;

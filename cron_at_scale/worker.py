@@ -126,6 +126,10 @@ class JobTask(Task):
     ``my_task.schedule(...)`` is ``cron_at_scale.schedule(my_task, ...)``.
     """
 
+    # Celery's request class, which holds a message published ahead of its fire_at until then
+    # on the database's clock (see cron_at_scale.worker_clock).
+    Request = "cron_at_scale.worker_clock:JobRequest"
+
     def schedule(self, **spec: Any):
         """Schedule this task; same arguments as ``cron_at_scale.schedule``. Returns the ``Job``."""
         from .scheduling import schedule

@@ -229,6 +229,9 @@ class Watchdog:
 
         from django.db import connection
 
+        from . import worker_clock
+
+        worker_clock.measure()  # with each heartbeat: when to start messages published ahead of their fire_at
         now = time.monotonic()
         with connection.cursor() as cur:
             cur.execute(_UPSERT, {

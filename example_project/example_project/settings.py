@@ -83,6 +83,9 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # this is set (a new PostgreSQL connection costs ~10 ms); Django's CONN_MAX_AGE
 # and health checks still apply (cron_at_scale checks connections after each run).
 CELERY_DB_REUSE_MAX = 1000
+# The broker's transport options as JSON: kombu's filesystem:// folders, SQS's region (the tests
+# of other transports set it; Redis and RabbitMQ need none).
+CELERY_BROKER_TRANSPORT_OPTIONS = json.loads(os.environ.get("CELERY_BROKER_TRANSPORT_OPTIONS") or "{}")
 
 # Django's Tasks framework (Django 6, or the django-tasks backport): @task functions run as jobs.
 TASKS = {"default": {"BACKEND": "cron_at_scale.django_tasks.CronAtScaleBackend"}}

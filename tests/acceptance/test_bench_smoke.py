@@ -65,6 +65,12 @@ def test_the_benchmark_runs_at_a_small_size_and_prints_a_json_line(transactional
     assert eta["burst"]["executed"] == eta["burst"]["jobs"] and eta["burst"]["start_lag_ms"]["p99"] is not None
     assert eta["spread"]["executed"] == eta["spread"]["jobs"]
 
+    lag = r["lag"]
+    for turn in lag["turns"]:  # ours with each ETA lead (0 and the setting's) and Celery's ETA stream
+        assert set(turn) >= {"ours_lead_0", "celery_eta"} and len(turn) == 3
+        assert all(side["n"] == lag["jobs"] for side in turn.values()), turn
+    assert set(lag["median"]) == set(lag["turns"][0])
+
     names = {t["target"] for t in r["targets"]}
     assert any("firing" in n for n in names) and any("schedule_many" in n for n in names)
     assert all(isinstance(t["met"], bool) for t in r["targets"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 from demo.models import Execution
@@ -35,11 +36,17 @@ def drain(client, key):
     {"args": [1, "two", None], "kwargs": {"x": [1.5, {"y": True}]}},
     {"priority": 7},
     {"queue": "reports"},
+    {"countdown": 5, "eta": True},  # published ETA_LEAD ahead: send_task(..., eta=fire_at)'s message
+    {"countdown": 5, "eta": True, "priority": 3, "queue": "reports"},
 ])
 def test_fast_path_messages_equal_send_task_messages(broker, transactional_db, spec):
     conn, client = redis_client(broker)
+    spec = dict(spec)
+    eta = spec.pop("eta", False)
     job = cron_at_scale.schedule("demo.tasks.record", **spec)
-    batch = Dispatcher(name="t").claim()
+    batch = Dispatcher(name="t", lookahead=10).claim()
+    if eta:
+        batch = [replace(c, eta=c.fire_at) for c in batch]
     publisher = Publisher(broker)
     queue = spec.get("queue", "celery")
     publisher._send_tasks(batch)  # kombu's own path first: the list it chose (a priority has its own)
@@ -59,6 +66,7 @@ def test_fast_path_messages_equal_send_task_messages(broker, transactional_db, s
     assert fast == slow
     assert fast["headers"]["id"] == f"{job.id}:1"
     assert fast["headers"]["cron_at_scale"]["job_id"] == str(job.id)
+    assert fast["headers"]["eta"] == (job.fire_at.isoformat() if eta else None)
 
 
 def test_fast_path_messages_run_on_a_real_worker(system):

@@ -7,6 +7,8 @@ default vhost; the tests are skipped only when no RabbitMQ answers there.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from celery import Celery
 from demo.models import Execution
@@ -92,11 +94,16 @@ def fields(message) -> dict:
     ({"queue": "reports"}, "reports"),
     ({"task": "demo.tasks.noop"}, "cas_topical"),  # task_routes: a topic exchange and routing key
     ({"task": "demo.tasks.sleep", "args": [0.1]}, "cas_bound"),  # task_routes: exchange + routing key
+    ({"countdown": 5, "eta": True}, "celery"),  # published ETA_LEAD ahead: send_task(..., eta=fire_at)'s message
+    ({"task": "demo.tasks.noop", "countdown": 5, "eta": True}, "cas_topical"),
 ])
 def test_amqp_fast_path_messages_equal_send_task_messages(rabbit, transactional_db, spec, queue):
     spec = dict(spec)
+    eta = spec.pop("eta", False)
     job = cron_at_scale.schedule(spec.pop("task", "demo.tasks.record"), **spec)
-    batch = Dispatcher(name="t", app=rabbit).claim()
+    batch = Dispatcher(name="t", app=rabbit, lookahead=10).claim()
+    if eta:
+        batch = [replace(c, eta=c.fire_at) for c in batch]
     publisher = Publisher(rabbit)
     assert publisher.kind == "amqp"
     publisher.publish(batch)
@@ -115,6 +122,7 @@ def test_amqp_fast_path_messages_equal_send_task_messages(rabbit, transactional_
     assert fast["headers"]["cron_at_scale"]["job_id"] == str(job.id)
     assert fast["properties"]["priority"] == spec.get("priority", 0)
     assert fast["properties"]["delivery_mode"] == 2
+    assert fast["headers"]["eta"] == (job.fire_at.isoformat() if eta else None)
 
 
 @pytest.fixture

@@ -118,6 +118,35 @@ def test_settings_that_would_fire_early_are_refused_naming_both(settings):
     assert any("HEARTBEAT_INTERVAL" in p and "RUN_LEASE" in p for p in conf.problems())
 
 
+def test_eta_lead_longer_than_the_lookahead_or_the_lease_is_refused_naming_both(settings):
+    settings.CRON_AT_SCALE = {"ETA_LEAD": 2.0, "LOOKAHEAD": 1.0}
+    assert any("ETA_LEAD" in p and "LOOKAHEAD" in p for p in conf.problems())
+    with pytest.raises(ImproperlyConfigured, match="ETA_LEAD"):
+        Dispatcher(name="x")
+    settings.CRON_AT_SCALE = {"ETA_LEAD": 5.0, "LOOKAHEAD": 5.0, "DISPATCH_LEASE": 5.0}
+    assert any("ETA_LEAD" in p and "DISPATCH_LEASE" in p for p in conf.problems())
+    settings.CRON_AT_SCALE = {"ETA_LEAD": -1}
+    assert any("ETA_LEAD" in p for p in conf.problems())
+    settings.CRON_AT_SCALE = {}
+    with pytest.raises(ImproperlyConfigured, match="ETA_LEAD"):
+        Dispatcher(name="x", lookahead=0.5, eta_lead=0.6)
+    assert Dispatcher(name="x", lookahead=0).eta_lead == 0  # a look-ahead given bounds the setting's lead
+    assert Dispatcher(name="x").eta_lead == 1.0  # by default: 1 s, or the look-ahead if shorter
+    settings.CRON_AT_SCALE = {"LOOKAHEAD": 0.5, "DISPATCH_LEASE": 1.0}
+    assert conf.problems() == [] and Dispatcher(name="x").eta_lead == 0.5
+
+
+def test_a_start_before_its_fire_at_by_the_database_clock_is_refused_and_says_how_early(dispatcher):
+    # A message published ETA_LEAD ahead, run by a worker whose clock is ahead: nothing starts.
+    job = cron_at_scale.schedule(noop, countdown=2)
+    assert len(Dispatcher(name="t2", lookahead=3).claim()) == 1
+    row = start(job.id, 1)
+    assert row.outcome == "early" and 1.0 < row.early_by <= 2.0 and row.attempt == 1
+    assert outcomes(job.id) == ["dispatched"]
+    sql("UPDATE cron_at_scale_jobattempt SET scheduled_at = statement_timestamp() - interval '1 ms'")
+    assert start(job.id, 1).outcome == "running"  # due now: it starts
+
+
 def test_a_run_held_for_its_fire_at_has_a_lease_that_counts_from_it():
     job = cron_at_scale.schedule(noop, countdown=0.9)
     runs = Dispatcher(name="t", lease=1.0, lookahead=0.95).claim()

@@ -27,6 +27,16 @@ def _positive(kind, maximum):
     return parse
 
 
+def _seconds(text):
+    try:
+        value = float(text)
+    except (ValueError, OverflowError):
+        raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}") from None
+    if not math.isfinite(value) or not 0 <= value <= 60:
+        raise argparse.ArgumentTypeError(f"must be from 0 to 60 seconds, got {text[:40]!r}")
+    return value
+
+
 def _name(text):
     if not text or len(text) > 200 or "\x00" in text:
         raise argparse.ArgumentTypeError("must be 1 to 200 characters")
@@ -51,6 +61,9 @@ class Command(BaseCommand):
                             help="seconds to sleep when nothing is due (default: CRON_AT_SCALE['POLL_INTERVAL'], 0.1)")
         parser.add_argument("--lease", type=_positive(float, 86_400),
                             help="dispatch lease in seconds (default: CRON_AT_SCALE['DISPATCH_LEASE'], 30)")
+        parser.add_argument("--eta-lead", type=_seconds,
+                            help="seconds before its fire_at a held run is published, with Celery's eta "
+                                 "(default: CRON_AT_SCALE['ETA_LEAD']; 0: at its fire_at, no eta)")
         parser.add_argument("--name", type=_name, help="this dispatcher's name in locked_by (default host:pid)")
         parser.add_argument("--shards", default="auto", choices=["auto", "all"],
                             help="auto: share the 64 shards with the other dispatchers through leases "
@@ -71,7 +84,8 @@ class Command(BaseCommand):
             logger.addHandler(handler)
         try:
             dispatcher = Dispatcher(name=opts["name"], batch_size=opts["batch_size"],
-                                    poll_interval=opts["poll_interval"], lease=opts["lease"], shards=opts["shards"])
+                                    poll_interval=opts["poll_interval"], lease=opts["lease"], shards=opts["shards"],
+                                    eta_lead=opts["eta_lead"])
         except Exception as e:  # a broken configuration, said plainly
             text = str(e)
             if opts["lease"] is not None and "DISPATCH_LEASE" in text:  # the value came from this flag

@@ -6,6 +6,11 @@
 a subclass for which ``isinstance`` still accepts real datetimes (those
 that C code such as psycopg2 creates). ``time.monotonic`` is untouched: it is
 not a wall clock.
+
+``FAKE_CLOCK_OFFSET_FILE`` (a path) makes the offset change while the process
+runs: the seconds written in that file (0 while it is missing), read again at
+most every 50 ms. A test steps a process's clock after it started, as NTP
+stepping a clock would.
 """
 
 import datetime as _datetime
@@ -13,6 +18,30 @@ import os
 import time as _time
 
 _OFFSET = float(os.environ.get("FAKE_CLOCK_OFFSET") or 0.0)
+_FILE = os.environ.get("FAKE_CLOCK_OFFSET_FILE") or ""
+
+if _FILE:
+    _real_time_f, _real_time_ns_f, _mono = _time.time, _time.time_ns, _time.monotonic
+    _state = [0.0, -1.0]  # offset, monotonic time it was read
+
+    def _offset():
+        now = _mono()
+        if now - _state[1] > 0.05:
+            _state[1] = now
+            try:
+                with open(_FILE) as f:
+                    _state[0] = float(f.read().strip() or 0.0)
+            except (OSError, ValueError):
+                _state[0] = 0.0
+        return _state[0]
+
+    def _stepped_time():
+        return _real_time_f() + _offset()
+
+    def _stepped_time_ns():
+        return _real_time_ns_f() + int(_offset() * 1_000_000_000)
+
+    _time.time, _time.time_ns = _stepped_time, _stepped_time_ns
 
 if _OFFSET:
     _real_time, _real_time_ns = _time.time, _time.time_ns
