@@ -13,6 +13,7 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import replace
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError, transaction
