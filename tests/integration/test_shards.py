@@ -83,7 +83,7 @@ def test_look_ahead_claims_early_and_publishes_at_fire_at(monkeypatch):
     monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish",
                         lambda self, runs: published.extend((time.monotonic(), r) for r in runs) or len(runs))
     job = cron_at_scale.schedule(noop, countdown=0.5)
-    d = Dispatcher(name="la", lookahead=1.0)
+    d = Dispatcher(name="la", lookahead=1.0, eta_lead=0)  # no ETA_LEAD: held here until its fire_at
     assert d.tick() == 1  # claimed half a second early ...
     assert published == []  # ... but not sent yet
     deadline = time.monotonic() + 2
@@ -96,3 +96,16 @@ def test_look_ahead_claims_early_and_publishes_at_fire_at(monkeypatch):
     # sent at its fire_at on the database clock: not early, and within a few ms
     lateness = (db_now - fire_at).total_seconds() - (time.monotonic() - sent_at)
     assert 0 <= lateness < 0.05, lateness
+
+
+def test_with_an_eta_lead_a_run_claimed_early_goes_out_at_once_with_its_fire_at_as_eta(monkeypatch):
+    published = []
+    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish",
+                        lambda self, runs: published.extend(runs) or len(runs))
+    job = cron_at_scale.schedule(noop, countdown=0.5)
+    d = Dispatcher(name="la", lookahead=1.0, eta_lead=1.0)
+    assert d.tick() == 1
+    (run,) = published  # within the lead: sent now, for the worker to hold until its eta
+    job.refresh_from_db()
+    assert run.job_id == job.id and run.eta == run.fire_at
+    assert abs((run.fire_at - job.created_at).total_seconds() - 0.5) < 0.1
