@@ -142,6 +142,35 @@ def say(*args) -> None:
     print(*args, file=sys.stderr, flush=True)
 
 
+def load_future_rows(q, base, first: int, n: int) -> bool:
+    """Insert ``n`` future jobs of TASK (args ``[first]``…) by ``INSERT … SELECT``, one million a
+    statement, due within 30 days of ``base``; from 500,000 rows on, as a bulk load does, the
+    secondary indexes (not constraints) are dropped first and built after. ``q`` runs one
+    statement. Returns whether the indexes were rebuilt."""
+    t0 = time.perf_counter()
+    indexes = []
+    if n >= 500_000:
+        indexes = q("""SELECT i.indexname, i.indexdef FROM pg_indexes i WHERE i.tablename = 'cron_at_scale_job'
+                       AND NOT EXISTS (SELECT 1 FROM pg_constraint c
+                                       WHERE c.conindid = (quote_ident(i.indexname))::regclass)""")
+        for name, _ in indexes:
+            q(f'DROP INDEX "{name}"')
+    try:
+        for start in range(0, n, 1_000_000):
+            chunk = min(1_000_000, n - start)
+            q("""INSERT INTO cron_at_scale_job (id, fire_at, task, payload, options)
+                 SELECT """ + UUID7_SQL + """, %s + make_interval(secs => (i %% 2592000)),
+                        %s, jsonb_build_object('args', jsonb_build_array(i), 'kwargs', '{}'::jsonb), '{}'
+                 FROM generate_series(%s, %s) AS i""", [base, TASK, first + start, first + start + chunk - 1])
+            say(f"  {first + start + chunk:,} future jobs ({time.perf_counter() - t0:.0f}s)")
+    finally:
+        if indexes:
+            q("SET maintenance_work_mem = '256MB'")
+            for _, definition in indexes:
+                q(definition)
+    return bool(indexes)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 2)[2])
@@ -502,27 +531,7 @@ class Bench:
 
         t0 = time.perf_counter()
         rest = a.future - many
-        rebuild = rest >= 500_000
-        indexes = []
-        if rebuild:  # as a bulk load does: secondary indexes (not constraints) built after it
-            indexes = self.q("""SELECT i.indexname, i.indexdef FROM pg_indexes i WHERE i.tablename = 'cron_at_scale_job'
-                                AND NOT EXISTS (SELECT 1 FROM pg_constraint c
-                                                WHERE c.conindid = (quote_ident(i.indexname))::regclass)""")
-            for name, _ in indexes:
-                self.q(f'DROP INDEX "{name}"')
-        try:
-            for start in range(0, rest, 1_000_000):
-                chunk = min(1_000_000, rest - start)
-                self.q("""INSERT INTO cron_at_scale_job (id, fire_at, task, payload, options)
-                          SELECT """ + UUID7_SQL + """, %s + make_interval(secs => (i %% 2592000)),
-                                 %s, jsonb_build_object('args', jsonb_build_array(i), 'kwargs', '{}'::jsonb), '{}'
-                          FROM generate_series(%s, %s) AS i""", [base, TASK, many + start, many + start + chunk - 1])
-                say(f"  {many + start + chunk:,} future jobs ({time.perf_counter() - t0:.0f}s)")
-        finally:
-            if indexes:
-                self.q("SET maintenance_work_mem = '256MB'")
-                for _, definition in indexes:
-                    self.q(definition)
+        rebuild = load_future_rows(self.q, base, many, rest)
         self.q("VACUUM ANALYZE cron_at_scale_job")
         s = time.perf_counter() - t0
         out["bulk_load"] = {"jobs": rest, "seconds": round(s, 1), "indexes_rebuilt": rebuild}

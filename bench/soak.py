@@ -306,27 +306,7 @@ class Soak:
             for start in range(0, many, 50_000):
                 cron_at_scale.schedule_many([{"task": TASK, "args": [i], "at": base + timedelta(milliseconds=i)}
                                              for i in range(start, min(many, start + 50_000))])
-            rest = n - many
-            indexes = []
-            if rest >= 500_000:  # a bulk load builds the secondary indexes after it
-                indexes = self.q("""SELECT i.indexname, i.indexdef FROM pg_indexes i WHERE i.tablename = 'cron_at_scale_job'
-                                    AND NOT EXISTS (SELECT 1 FROM pg_constraint c
-                                                    WHERE c.conindid = (quote_ident(i.indexname))::regclass)""")
-                for name, _ in indexes:
-                    self.q(f'DROP INDEX "{name}"')
-            try:
-                for start in range(0, rest, 1_000_000):
-                    chunk = min(1_000_000, rest - start)
-                    self.q("""INSERT INTO cron_at_scale_job (id, fire_at, task, payload, options)
-                              SELECT """ + benchrun.UUID7_SQL + """, %s + make_interval(secs => (i %% 2592000)),
-                                     %s, jsonb_build_object('args', jsonb_build_array(i), 'kwargs', '{}'::jsonb), '{}'
-                              FROM generate_series(%s, %s) AS i""", [base, TASK, many + start, many + start + chunk - 1])
-                    say(f"  {many + start + chunk:,} future jobs ({time.monotonic() - t0:.0f}s)")
-            finally:
-                if indexes:
-                    self.q("SET maintenance_work_mem = '256MB'")
-                    for _, definition in indexes:
-                        self.q(definition)
+            benchrun.load_future_rows(self.q, base, many, n - many)
         self.q("VACUUM ANALYZE cron_at_scale_job")
         self.q("VACUUM ANALYZE cron_at_scale_jobattempt")
         s = time.monotonic() - t0
