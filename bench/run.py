@@ -217,23 +217,28 @@ def rate(n: float, seconds: float | None) -> float | None:
     return round(n / seconds, 1) if seconds else None
 
 
+def django_up():
+    """``django.setup()``, ``migrate``, and the Celery app with its tasks loaded:
+    ``(connection, broker URL, app)``."""
+    import django
+
+    django.setup()
+    from django.conf import settings
+    from django.core.management import call_command
+    from django.db import connection
+
+    from cron_at_scale.app import get_app
+
+    call_command("migrate", verbosity=0)
+    app = get_app()
+    app.loader.import_default_modules()
+    return connection, settings.CELERY_BROKER_URL, app
+
+
 class Bench:
     def __init__(self, args: argparse.Namespace):
-        import django
-
-        django.setup()
-        from django.conf import settings
-        from django.core.management import call_command
-        from django.db import connection
-
-        from cron_at_scale.app import get_app
-
         self.args = args
-        self.connection = connection
-        self.broker_url = settings.CELERY_BROKER_URL
-        call_command("migrate", verbosity=0)
-        self.app = get_app()
-        self.app.loader.import_default_modules()
+        self.connection, self.broker_url, self.app = django_up()
         self.broker = self.app.connection_for_write()
         self.broker.ensure_connection(max_retries=3)
         self.redis = self.broker.default_channel.client

@@ -236,21 +236,8 @@ def consumer(args) -> int:
 
 class Soak:
     def __init__(self, args):
-        import django
-
-        django.setup()
-        from django.conf import settings
-        from django.core.management import call_command
-        from django.db import connection
-
-        from cron_at_scale.app import get_app
-
         self.args = args
-        self.connection = connection
-        self.broker_url = settings.CELERY_BROKER_URL
-        call_command("migrate", verbosity=0)
-        self.app = get_app()
-        self.app.loader.import_default_modules()
+        self.connection, self.broker_url, self.app = benchrun.django_up()
         import redis
 
         self.redis = redis.Redis.from_url(self.broker_url)
@@ -261,7 +248,7 @@ class Soak:
         redis_pid = int(self.redis.info("server")["process_id"])
         stat = benchrun.proc_stat(redis_pid)
         self.redis_pid = redis_pid if stat and "redis" in stat[3] else None
-        self.db = connection.settings_dict["NAME"]
+        self.db = self.connection.settings_dict["NAME"]
         try:
             self.q("CREATE EXTENSION IF NOT EXISTS pg_walinspect")
             self.walinspect = True
