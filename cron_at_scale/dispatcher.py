@@ -91,6 +91,7 @@ class Dispatcher:
         self._seq = 0
         self._clock: tuple[float, float] | None = None  # (database time, monotonic) at the last claim
         self.more_due = False  # the last claim left rows due: claim again without waiting
+        self._held: dict | None = None  # the held queues of the last claim (QueueGate.claim_params)
 
     # -- one step -------------------------------------------------------------------------
 
@@ -106,16 +107,20 @@ class Dispatcher:
             self.shards.refresh()
         t0 = time.monotonic()
         while True:
+            held = self.queues.claim_params()
+            if held != self._held:  # a queue let go: its jobs may lie below the shards' floors
+                self._held = held
+                self.shards.floors.reset()
             shards = self.shards.claim_params()
             with transaction.atomic():
                 db.run("claim_settings", fetch="count", retries=0)
                 rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease,
-                                        "lookahead": self.lookahead, **shards,
-                                        **self.queues.claim_params()}, retries=0)
+                                        "lookahead": self.lookahead, **shards, **held}, retries=0)
                 if self.queues.learn(rows):  # a queue first seen in this batch is held: claim again without it
                     transaction.set_rollback(True)
                     continue
                 self.more_due = self.shards.heads.learn([r.shard for r in rows])
+                self.shards.floors.learn(rows, rows[0].db_now if rows else None)
                 metrics.observe_claim(len(rows), time.monotonic() - t0)
                 if rows:
                     self._clock = (rows[0].db_now.timestamp(), time.monotonic())
@@ -230,7 +235,8 @@ class Dispatcher:
         if now >= self._next_shards:
             self._next_shards = now + self.shard_refresh
             self.shards.refresh()
-        self.reaper.maybe_reap(now)
+        if self.reaper.maybe_reap(now):  # runs sent back keep an expiring fire_at: maybe below a floor
+            self.shards.floors.reset()
         self.overdue.maybe_check(now)
         self.fire_timers(wait=wait)
         if not claim or self.broker_full():
@@ -273,7 +279,8 @@ class Dispatcher:
                 self.stopping.wait(pause)
                 continue
             if claim_at and self.wakeup.wait(self.next_wait(claim_at), self.stopping):
-                claim_at = 0.0  # new work due: claim now
+                claim_at = 0.0  # new work due (maybe scheduled into the past): claim now, from the start
+                self.shards.floors.reset()
         self.close()
 
     def next_wait(self, claim_at: float | None = None) -> float:

@@ -33,16 +33,19 @@ SET LOCAL synchronous_commit = off; SET LOCAL enable_sort = off; SET LOCAL jit =
 -- Each shard's head: its first %(per_shard)s due rows from the (shard, fire_at) index, then
 -- the earliest %(limit)s of those heads. What the statement reads grows with the batch and
 -- the shards held, never with the due rows of shards it does not hold (a stalled or dead
--- peer's backlog); %(per_shard)s is sized by cron_at_scale.shards.ShardHeads.
+-- peer's backlog); %(per_shard)s is sized by cron_at_scale.shards.ShardHeads. Each head
+-- starts at its shard's floor (%(floors)s, NULL for none; cron_at_scale.shards.ShardFloors),
+-- past the versions of jobs claimed before it that vacuum has not removed yet.
 -- Held queues (cron_at_scale.queues: full, or nobody consumes them) keep their jobs here:
 -- a job whose queue column names one, or with an empty queue column whose task routes
 -- to one (%(blank_tasks)s: the tasks whose route differs from the default queue's,
 -- held or not as %(held_blank)s says). A filter on the same index walk.
 WITH due AS (
-    SELECT h.id FROM unnest(%(shards)s::smallint[]) AS s(shard)
+    SELECT h.id FROM unnest(%(shards)s::smallint[], %(floors)s::timestamptz[]) AS s(shard, floor)
     CROSS JOIN LATERAL (
         SELECT id, fire_at FROM cron_at_scale_job
         WHERE status = 'pending' AND shard = s.shard
+          AND fire_at >= COALESCE(s.floor, '-infinity')
           AND fire_at <= statement_timestamp() + make_interval(secs => %(lookahead)s)
           AND NOT (queue = ANY(%(held_queues)s::text[])
                    OR (queue = '' AND %(held_blank)s <> (task = ANY(%(blank_tasks)s::text[]))))

@@ -12,7 +12,8 @@ because its row is locked and its state changed in one statement, whatever
 two dispatchers believe about their shards.
 
 The claim reads the head of each shard held (its first due rows, from the
-(shard, fire_at) index); :class:`ShardHeads` says how many rows of each.
+(shard, fire_at) index); :class:`ShardHeads` says how many rows of each, and
+:class:`ShardFloors` where in the index each head starts.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
+from datetime import datetime, timedelta
 
 from . import conf, db
 from .models import NUM_SHARDS
@@ -77,6 +80,67 @@ class ShardHeads:
         return False
 
 
+class ShardFloors:
+    """Where each held shard's head starts: a lower bound on ``fire_at`` carried from one claim
+    to the next (``floors``, one per shard, ``None`` for none).
+
+    Why: a claimed job leaves its pending version in the (shard, fire_at) index until vacuum
+    removes it, and while any transaction older than the claim is open (a long report, an idle
+    session in a transaction) PostgreSQL can neither remove it nor mark it dead. A claim that
+    starts its walk at the start of the index re-reads every job claimed since that transaction
+    began (600,000 rows after 5 minutes at 2,000 jobs/s): its cost grows with the age of the
+    oldest transaction, not with the batch. Starting at the floor, it re-reads at most the last
+    ``margin`` seconds of claims.
+
+    The floor of a shard after a claim that took rows of it: the latest ``fire_at`` it took
+    there (its unclaimed due rows come after it: each shard's head is read in ``fire_at``
+    order), but never later than ``margin`` seconds before the claim's database time, so a job
+    scheduled for "now" by a transaction that began up to ``margin`` seconds ago is above it;
+    and never later than the old ``fire_at`` of a recurring job taken there (its next
+    occurrence, maybe one still to catch up, comes after it). A shard that gave no row keeps
+    its floor.
+
+    What a floor can pass over: a row written below it after the claim (a job scheduled into
+    the past, a reaped run that keeps its expiring ``fire_at``, a row another transaction held
+    locked). So every ``sweep`` seconds, and after a wake-up notification, a change of held
+    queues or a reaper pass that sent runs back, one claim runs with no floor. Such a row waits
+    at most ``sweep`` seconds more than it would without floors; a due job scheduled for now
+    or later is never held back.
+    """
+
+    def __init__(self, margin: float = 2.0, sweep: float = 5.0):
+        self.margin = timedelta(seconds=margin)
+        self.sweep = sweep
+        self.floors: dict[int, datetime] = {}
+        self._swept: float | None = None  # monotonic time of the last claim with no floor
+
+    def params(self, shards: list[int]) -> dict:
+        """The claim's ``floors``: one per shard of ``shards``, ``None`` where there is none."""
+        if self._swept is None or time.monotonic() - self._swept >= self.sweep:
+            self.reset()
+        return {"floors": [self.floors.get(s) for s in shards]}
+
+    def reset(self) -> None:
+        """Let the next claim read every shard from the start of its due rows."""
+        self.floors.clear()
+        self._swept = time.monotonic()
+
+    def learn(self, rows, db_now: datetime | None) -> None:
+        """Move the floors after a claim; ``rows``: the claimed rows (``shard``, ``fire_at``,
+        ``schedule_type``), ``db_now``: the claim's database time (aware UTC)."""
+        if not rows or db_now is None:
+            return
+        cap = db_now - self.margin
+        top: dict[int, datetime] = {}
+        for r in rows:
+            top[r.shard] = max(top.get(r.shard, r.fire_at), r.fire_at)
+        for r in rows:
+            if r.schedule_type != "once":
+                top[r.shard] = min(top[r.shard], r.fire_at)
+        for shard, fire_at in top.items():
+            self.floors[shard] = min(fire_at, cap)
+
+
 class ShardLeases:
     """The shards one dispatcher holds; ``refresh()`` every ``ttl / 4`` seconds or so.
     ``batch_size``: the claim's (default ``BATCH_SIZE``), which ``heads`` shares out."""
@@ -87,16 +151,18 @@ class ShardLeases:
         self.owned: set[int] = set()
         self._ensured = False
         self.heads = ShardHeads(int(batch_size or conf.get("BATCH_SIZE")))
+        self.floors = ShardFloors()
 
     @property
     def all(self) -> bool:
         return len(self.owned) == NUM_SHARDS
 
     def claim_params(self) -> dict:
-        """Parameters of the claim statement: the shards held (``[-1]``, no shard, when none) and
-        the rows it may take from the head of each (``per_shard``, see :class:`ShardHeads`)."""
+        """Parameters of the claim statement: the shards held (``[-1]``, no shard, when none), the
+        rows it may take from the head of each (``per_shard``, see :class:`ShardHeads`) and
+        where each head starts (``floors``, see :class:`ShardFloors`)."""
         shards = sorted(self.owned) or [-1]
-        return {"shards": shards, **self.heads.params(shards)}
+        return {"shards": shards, **self.heads.params(shards), **self.floors.params(shards)}
 
     def refresh(self) -> set[int]:
         """Say we are alive, renew, then take or give back shards toward a fair share."""
@@ -134,10 +200,11 @@ class AllShards:
 
     def __init__(self, batch_size: int | None = None):
         self.heads = ShardHeads(int(batch_size or conf.get("BATCH_SIZE")))
+        self.floors = ShardFloors()
 
     def claim_params(self) -> dict:
         shards = sorted(self.owned)
-        return {"shards": shards, **self.heads.params(shards)}
+        return {"shards": shards, **self.heads.params(shards), **self.floors.params(shards)}
 
     def refresh(self) -> set[int]:
         return self.owned

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.django_db
 def test_one_dispatcher_takes_every_shard_and_claims_unfiltered():
     d = Dispatcher(name="solo")
     d.shards.refresh()
-    assert d.shards.all and d.shards.claim_params() == {"shards": list(range(64)), "per_shard": 16}  # 1000 / 64
+    assert d.shards.all and d.shards.claim_params() == {"shards": list(range(64)), "per_shard": 16,  # 1000 / 64
+                                                        "floors": [None] * 64}
     assert ShardLease.objects.filter(owner="solo").count() == NUM_SHARDS
 
 
@@ -109,3 +110,48 @@ def test_with_an_eta_lead_a_run_claimed_early_goes_out_at_once_with_its_fire_at_
     job.refresh_from_db()
     assert run.job_id == job.id and run.eta == run.fire_at
     assert abs((run.fire_at - job.created_at).total_seconds() - 0.5) < 0.1
+
+
+def _claim_ahead(d: Dispatcher) -> None:
+    """Claims that move every shard's floor: a due job and one within the look-ahead in each."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    now = timezone.now()
+    for i in range(256):
+        cron_at_scale.schedule(noop, at=now - timedelta(seconds=30) + timedelta(milliseconds=i))
+        cron_at_scale.schedule(noop, at=now + timedelta(milliseconds=900))
+    while d.claim():
+        pass
+    assert len(d.shards.floors.floors) == NUM_SHARDS
+
+
+def test_a_job_due_now_is_claimed_at_once_past_the_floors():
+    # Floors sit at most ShardFloors.margin before the claim's database time, even when the
+    # claim took runs within the look-ahead: a job scheduled for now is above them.
+    d = Dispatcher(name="solo", lookahead=1.0)
+    d.shards.floors.sweep = 3600.0
+    d.claim()  # the first claim has no floor and starts the sweep's clock
+    _claim_ahead(d)
+    job = cron_at_scale.schedule(noop)
+    assert [c.job_id for c in d.claim()] == [job.id]
+
+
+def test_a_job_scheduled_into_the_past_below_the_floors_waits_at_most_one_sweep():
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    d = Dispatcher(name="solo", lookahead=1.0)
+    d.shards.floors.sweep = 1.0
+    d.claim()
+    _claim_ahead(d)
+    job = cron_at_scale.schedule(noop, at=timezone.now() - timedelta(minutes=5))
+    deadline = time.monotonic() + d.shards.floors.sweep + 0.5
+    got = []
+    while time.monotonic() < deadline and not got:
+        got = d.claim()
+        time.sleep(0.05)
+    assert [c.job_id for c in got] == [job.id]
+

@@ -57,6 +57,7 @@ def test_claim_walks_the_shard_index_beside_many_future_jobs():
         with transaction.atomic():  # with the claim's settings, as it runs
             sql(QUERIES["claim_settings"])
             plan = "\n".join(r[0] for r in sql("EXPLAIN " + QUERIES["claim"], {**params, "shards": shards,
+                                                                              "floors": [None] * len(shards),
                                                                               "per_shard": 1000 // len(shards)}))
             transaction.set_rollback(True)
         assert "Index Scan using cron_job_pending_shard on cron_at_scale_job" in plan, plan
@@ -133,6 +134,57 @@ def test_the_claim_reads_no_backlog_of_shards_it_does_not_hold(monkeypatch):
     assert not Job.objects.filter(status="in_progress", shard__gte=32).exists()
 
 
+def test_the_claim_does_not_reread_the_jobs_it_claimed_behind_an_old_transaction(monkeypatch):
+    # 30 batches of 1,000 due jobs claimed inside one transaction older than every claim (this
+    # test's own, as an idle session in a transaction would hold the horizon): the pending versions
+    # they leave in the (shard, fire_at) index can be neither removed nor marked dead. The next
+    # claim starts each shard at its floor (ShardFloors): it reads about a batch, not the 30,000
+    # claimed before it (which it read, a heap page per entry, at every claim).
+    from django.db import connection
+
+    from cron_at_scale.dispatcher import Dispatcher
+
+    sql("""INSERT INTO cron_at_scale_job (id, fire_at, task, payload, options)
+           SELECT gen_random_uuid(), statement_timestamp() - interval '100 seconds' + g * interval '2 ms',
+                  'demo.tasks.noop', '{}', '{}'
+           FROM generate_series(1, 40000) AS g""")
+    sql("ANALYZE cron_at_scale_job")
+    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: len(batch))
+    d = Dispatcher(name="mine", batch_size=1000, shards="all")
+    d.shards.floors.sweep = 3600.0  # no sweep during the test (the first claim has no floor)
+    plans: list[dict] = []
+
+    def explain(execute, query, params, many, context):
+        if "SKIP LOCKED" in query and "INSERT INTO cron_at_scale_jobattempt" in query:  # the claim
+            cur = context["cursor"]
+            execute("SAVEPOINT explained", None, False, context)
+            execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, many, context)
+            plans.append(cur.fetchone()[0][0]["Plan"])
+            execute("ROLLBACK TO SAVEPOINT explained", None, False, context)
+        return execute(query, params, many, context)
+
+    def buffers(node: dict) -> int:  # of the search for due rows (its scans of the job table)
+        if node.get("Subplan Name") == "CTE claimed":
+            return 0
+        if node.get("Relation Name") == "cron_at_scale_job" and "Scan" in node["Node Type"]:
+            return node["Shared Hit Blocks"] + node["Shared Read Blocks"]
+        return sum(buffers(child) for child in node.get("Plans", []))
+
+    try:
+        for _ in range(30):
+            assert len(d.claim()) == 1000
+        with connection.execute_wrapper(explain):
+            assert len(d.claim()) == 1000
+            with_floors = buffers(plans[-1])
+            d.shards.floors.reset()  # the sweep: one claim from the start of each shard
+            assert len(d.claim()) == 1000
+            without = buffers(plans[-1])
+    finally:
+        d.close()
+    assert with_floors < 2000, plans[-2]  # 955 here; the claims before it: 24,018
+    assert without > 10 * with_floors, (with_floors, without)
+
+
 @pytest.mark.parametrize("held", [
     {"held_queues": ["dead"], "held_blank": False, "blank_tasks": []},
     {"held_queues": ["dead", "celery"], "held_blank": True, "blank_tasks": ["demo.tasks.noop"]},
@@ -149,7 +201,7 @@ def test_the_claim_with_held_queues_still_walks_the_shard_index(held):
     """)
     sql("ANALYZE cron_at_scale_job")
     params = {"limit": 1000, "dispatcher": "t", "lease": 30.0, "lookahead": 1.0, "shards": list(range(64)),
-              "per_shard": 16, **held}
+              "floors": [None] * 64, "per_shard": 16, **held}
     with transaction.atomic():
         sql(QUERIES["claim_settings"])
         plan = "\n".join(r[0] for r in sql("EXPLAIN " + QUERIES["claim"], params))

@@ -1,0 +1,45 @@
+"""Where each shard's head starts (ShardFloors): after the claimed rows, never past now - margin."""
+
+from datetime import datetime, timedelta, timezone
+from types import SimpleNamespace
+
+from cron_at_scale.shards import ShardFloors
+
+NOW = datetime(2026, 3, 29, 1, 0, tzinfo=timezone.utc)
+
+
+def row(shard: int, seconds: float, schedule_type: str = "once"):
+    return SimpleNamespace(shard=shard, fire_at=NOW + timedelta(seconds=seconds), schedule_type=schedule_type)
+
+
+def test_a_shard_starts_at_the_latest_job_claimed_there():
+    f = ShardFloors(margin=2.0, sweep=60.0)
+    assert f.params([1, 2]) == {"floors": [None, None]}  # the first claim: no floor
+    f.learn([row(1, -50), row(1, -40), row(2, -45)], NOW)
+    assert f.params([1, 2, 3]) == {"floors": [NOW - timedelta(seconds=40), NOW - timedelta(seconds=45), None]}
+
+
+def test_never_past_the_margin_before_the_claims_database_time():
+    # runs claimed within the look-ahead: a job scheduled for now, by a transaction that began
+    # up to a margin ago, must stay above the floor
+    f = ShardFloors(margin=2.0, sweep=60.0)
+    f.learn([row(1, -0.5), row(1, 0.9)], NOW)
+    assert f.floors[1] == NOW - timedelta(seconds=2)
+
+
+def test_a_recurring_job_keeps_its_shards_floor_at_or_below_its_old_fire_at():
+    f = ShardFloors(margin=2.0, sweep=60.0)
+    f.learn([row(1, -30, "cron"), row(1, -10)], NOW)
+    assert f.floors[1] == NOW - timedelta(seconds=30)
+
+
+def test_a_shard_that_gave_nothing_keeps_its_floor_and_a_sweep_clears_them_all():
+    f = ShardFloors(margin=2.0, sweep=60.0)
+    f.params([1, 2])
+    f.learn([row(1, -30), row(2, -20)], NOW)
+    f.learn([row(2, -10)], NOW + timedelta(seconds=1))
+    assert f.floors == {1: NOW - timedelta(seconds=30), 2: NOW - timedelta(seconds=10)}
+    f.sweep = 0.0  # the sweep is due: the next claim reads every shard from the start
+    assert f.params([1, 2]) == {"floors": [None, None]}
+    f.learn([], NOW)  # a claim that took nothing moves nothing
+    assert f.floors == {}
