@@ -323,12 +323,14 @@ class Sender:
         self.lock = threading.Lock()
         self.queue: queue.Queue[list[Claimed] | None] = queue.Queue(maxsize=depth)
         self.thread: threading.Thread | None = None
+        self._starting = threading.Lock()  # the dispatcher's loop and its timer thread both send
 
     def send(self, runs: list[Claimed]) -> None:
         """Queue ``runs`` for publishing (blocks while ``depth`` batches wait)."""
-        if self.thread is None or not self.thread.is_alive():
-            self.thread = threading.Thread(target=self._loop, name="cron_at_scale-sender", daemon=True)
-            self.thread.start()
+        with self._starting:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._loop, name="cron_at_scale-sender", daemon=True)
+                self.thread.start()
         self.queue.put(runs)
 
     def wait(self) -> None:

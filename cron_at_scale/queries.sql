@@ -84,7 +84,10 @@ WITH due AS (
 )
 SELECT c.id, c.attempts, c.fire_at, c.schedule_type, c.cron_expr, c.timezone, c.task, c.payload, c.queue,
        c.options, c.interval, c.occurrence_at, c.catchup, c.catchup_window, c.overlap, c.jitter, c.buffered_at,
-       c.shard, statement_timestamp() AS db_now
+       c.shard, statement_timestamp() AS db_now,
+       -- the database clock as the rows leave (the last row's: the statement's end), which the
+       -- dispatcher pairs with its own clock when the rows arrive, to send held runs on time
+       clock_timestamp() AS db_clock
 FROM claimed AS c;
 
 -- name: queue_names

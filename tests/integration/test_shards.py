@@ -155,3 +155,44 @@ def test_a_job_scheduled_into_the_past_below_the_floors_waits_at_most_one_sweep(
         time.sleep(0.05)
     assert [c.job_id for c in got] == [job.id]
 
+
+
+@pytest.mark.django_db(transaction=True)
+def test_held_runs_go_out_on_time_while_the_loop_is_busy_claiming(monkeypatch):
+    # Every claim after the first holds the loop for 0.3 s (a slow database, a large batch): a run
+    # claimed ahead still goes out at its fire_at, from the timer thread, not after the claim.
+    import threading
+
+    from django.db import connections
+
+    published = []
+    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish",
+                        lambda self, runs: published.extend((time.monotonic(), r) for r in runs) or len(runs))
+    real_claim = Dispatcher.claim
+    claims = []
+
+    def slow_claim(self):
+        out = real_claim(self)
+        claims.append(len(out))
+        if len(claims) > 1:
+            time.sleep(0.3)
+        return out
+
+    monkeypatch.setattr(Dispatcher, "claim", slow_claim)
+    job = cron_at_scale.schedule(noop, countdown=0.6)
+    d = Dispatcher(name="busy", lookahead=1.0, eta_lead=0, poll_interval=0.05)
+    def run():
+        try:
+            d.run(max_seconds=1.5)
+        finally:
+            connections.close_all()
+
+    loop = threading.Thread(target=run)
+    loop.start()
+    loop.join(10)
+    assert len(published) == 1 and claims[0] == 1, (published, claims)
+    (sent_at, run), = published
+    (fire_at, db_now), = sql("SELECT fire_at, statement_timestamp() FROM cron_at_scale_job WHERE id = %s", [job.id])
+    assert run.job_id == job.id
+    lateness = (db_now - fire_at).total_seconds() - (time.monotonic() - sent_at)
+    assert 0 <= lateness < 0.05, lateness
