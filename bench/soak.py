@@ -106,6 +106,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--block-minutes", type=float, help="blocked-vacuum: minutes the transaction stays open "
                    "(default 5, at most half the stream)")
     p.add_argument("--batch-size", type=int, help="dispatcher batch size (default: the setting, 1000)")
+    p.add_argument("--autovacuum-scale-factor", type=float, help="the job table's autovacuum_vacuum_scale_factor "
+                   "for this run (default: PostgreSQL's, 0.2)")
     p.add_argument("--workers", type=int, default=2, help="workers scenario: celery worker processes (2)")
     p.add_argument("--concurrency", type=int, default=1, help="workers scenario: prefork children each (1)")
     p.add_argument("--recurring", type=int, default=200_000, help="recurring scenario: idle cron jobs (200000)")
@@ -467,6 +469,9 @@ class Soak:
         out: dict = {"scenario": sc, "pending": a.pending, "rate": a.rate, "minutes": a.minutes,
                      "label": a.label or f"{sc}, {a.pending:,} pending, {a.rate:,}/s"}
         out["load"] = self.load(a.pending)
+        if a.autovacuum_scale_factor is not None:  # a per-table setting, to weigh against the default
+            self.q(f"ALTER TABLE cron_at_scale_job SET (autovacuum_vacuum_scale_factor = {a.autovacuum_scale_factor:g})")
+            out["autovacuum_vacuum_scale_factor"] = a.autovacuum_scale_factor
         self.redis.delete(QUEUE, RECEIVED)
         self.q("DELETE FROM cron_at_scale_shardlease")
         self.q("DELETE FROM cron_at_scale_dispatcherheartbeat")

@@ -180,7 +180,7 @@ def test_held_runs_go_out_on_time_while_the_loop_is_busy_claiming(monkeypatch):
 
     monkeypatch.setattr(Dispatcher, "claim", slow_claim)
     job = cron_at_scale.schedule(noop, countdown=0.6)
-    d = Dispatcher(name="busy", lookahead=1.0, eta_lead=0, poll_interval=0.05)
+    d = Dispatcher(name="busy", lookahead=1.0, eta_lead=0, poll_interval=0.05, shards="all")
     def run():
         try:
             d.run(max_seconds=1.5)
