@@ -112,13 +112,14 @@ class Dispatcher:
             shards = self.shards.claim_params()
             with transaction.atomic():
                 db.run("claim_settings", fetch="count", retries=0)
+                t1 = time.monotonic()
                 rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease,
                                         "lookahead": self.lookahead, **shards, **held}, retries=0)
                 if self.queues.learn(rows):  # a queue first seen in this batch is held: claim again without it
                     transaction.set_rollback(True)
                     continue
                 self.more_due = self.shards.heads.learn([r.shard for r in rows])
-                self.shards.floors.learn(rows, rows[0].db_now if rows else None)
+                self.shards.floors.learn(rows, rows[0].db_now if rows else None, time.monotonic() - t1)
                 metrics.observe_claim(len(rows), time.monotonic() - t0)
                 if rows:  # the statement's end on both clocks (late by the rows' transfer, never early)
                     self._clock = (max(r.db_clock for r in rows).timestamp(), time.monotonic())

@@ -106,17 +106,32 @@ class ShardFloors:
     queues or a reaper pass that sent runs back, one claim runs with no floor. Such a row waits
     at most ``sweep`` seconds more than it would without floors; a due job scheduled for now
     or later is never held back.
+
+    A sweep re-reads what vacuum has not removed yet, so behind a transaction held open for
+    minutes it grows (about 0.2 s per million claims since the transaction began). The next
+    sweep then waits ``seconds / share`` (at most ``max_sweep``) instead of ``sweep``: sweeps
+    take at most ``share`` of the loop's time, and a row scheduled below a floor waits at most
+    ``max_sweep`` seconds more.
     """
 
-    def __init__(self, margin: float = 2.0, sweep: float = 5.0):
+    def __init__(self, margin: float = 2.0, sweep: float = 5.0, max_sweep: float = 60.0, share: float = 0.05):
         self.margin = timedelta(seconds=margin)
         self.sweep = sweep
+        self.max_sweep = max_sweep
+        self.share = share
         self.floors: dict[int, datetime] = {}
         self._swept: float | None = None  # monotonic time of the last claim with no floor
+        self._sweeping = False  # the next claim learnt from is a sweep
+        self._slow = 0.0  # seconds between sweeps that the last sweep's duration asks for
+
+    @property
+    def interval(self) -> float:
+        """Seconds from one sweep to the next."""
+        return max(self.sweep, self._slow)
 
     def params(self, shards: list[int]) -> dict:
         """The claim's ``floors``: one per shard of ``shards``, ``None`` where there is none."""
-        if self._swept is None or time.monotonic() - self._swept >= self.sweep:
+        if self._swept is None or time.monotonic() - self._swept >= self.interval:
             self.reset()
         return {"floors": [self.floors.get(s) for s in shards]}
 
@@ -124,10 +139,15 @@ class ShardFloors:
         """Let the next claim read every shard from the start of its due rows."""
         self.floors.clear()
         self._swept = time.monotonic()
+        self._sweeping = True
 
-    def learn(self, rows, db_now: datetime | None) -> None:
+    def learn(self, rows, db_now: datetime | None, seconds: float | None = None) -> None:
         """Move the floors after a claim; ``rows``: the claimed rows (``shard``, ``fire_at``,
-        ``schedule_type``), ``db_now``: the claim's database time (aware UTC)."""
+        ``schedule_type``), ``db_now``: the claim's database time (aware UTC), ``seconds``: how
+        long the claim statement took."""
+        if self._sweeping and seconds is not None:
+            self._sweeping = False
+            self._slow = min(self.max_sweep, seconds / self.share)
         if not rows or db_now is None:
             return
         cap = db_now - self.margin

@@ -43,3 +43,20 @@ def test_a_shard_that_gave_nothing_keeps_its_floor_and_a_sweep_clears_them_all()
     assert f.params([1, 2]) == {"floors": [None, None]}
     f.learn([], NOW)  # a claim that took nothing moves nothing
     assert f.floors == {}
+
+
+def test_a_slow_sweep_spaces_out_the_next_ones():
+    # behind a transaction held open, a sweep re-reads every claim since: its cost is kept to
+    # `share` of the loop's time, and a row below a floor waits at most max_sweep
+    f = ShardFloors(margin=2.0, sweep=5.0, max_sweep=60.0, share=0.05)
+    f.params([1])  # a sweep
+    f.learn([row(1, -30)], NOW, seconds=0.5)
+    assert f.interval == 10.0
+    f.learn([row(1, -20)], NOW, seconds=2.0)  # a claim with floors: not a sweep, nothing learnt
+    assert f.interval == 10.0
+    f.reset()
+    f.learn([], NOW, seconds=9.0)
+    assert f.interval == 60.0
+    f.reset()
+    f.learn([], NOW, seconds=0.01)  # quick again: back to every `sweep` seconds
+    assert f.interval == 5.0
