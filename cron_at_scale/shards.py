@@ -108,7 +108,7 @@ class ShardFloors:
     or later is never held back.
 
     A sweep re-reads what vacuum has not removed yet, so behind a transaction held open for
-    minutes it grows (about 0.2 s per million claims since the transaction began). The next
+    minutes it grows with every claim made since the transaction began. The next
     sweep then waits ``seconds / share`` (at most ``max_sweep``) instead of ``sweep``: sweeps
     take at most ``share`` of the loop's time, and a row scheduled below a floor waits at most
     ``max_sweep`` seconds more.
