@@ -21,6 +21,7 @@ from django.db import InterfaceError, OperationalError, transaction
 from . import conf, db, expiry, failpoints, history, metrics, retention
 from .advance import advance
 from .celery_app import get_app, refuse_pickle
+from .floors import FloorProbe
 from .identity import process_name
 from .overdue import OverdueWatch
 from .publish import Claimed, Publisher, Sender
@@ -81,6 +82,8 @@ class Dispatcher:
         self.shards = (AllShards(self.batch_size) if shards == "all"
                        else ShardLeases(self.name, ttl, self.batch_size))
         self.shard_refresh = ttl / 4
+        # in run(): finds rows below the claim's floors from a thread of its own (cron_at_scale.floors)
+        self.floor_probe = FloorProbe(self.shards.floors, self.queues.claim_params)
         self.wakeup = Wakeup()
         self.stopping = threading.Event()
         self.claimed_total = 0
@@ -265,6 +268,7 @@ class Dispatcher:
         pause = 0.0
         claim_at = 0.0  # monotonic time of the next claim: the poll, sooner on a full batch or a wake-up
         self.held.start(lambda: self.fire_timers(wait=False))  # held runs go out whatever the loop does
+        self.floor_probe.start()
         # Django, Celery and kombu leave ~10^6 objects behind their imports; each full collection
         # walked them all (40-60 ms, about once a second at 10,000 jobs/s: every thread stopped,
         # held runs late). Frozen, a collection walks only what the loop made since (Python's gc.freeze).
@@ -305,6 +309,7 @@ class Dispatcher:
 
     def close(self) -> None:
         """Publish held runs at their time, give back shard leases, close connections."""
+        self.floor_probe.stop()
         self._drain_timers()
         self.sender.close()
         try:

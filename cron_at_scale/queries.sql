@@ -90,6 +90,20 @@ SELECT c.id, c.attempts, c.fire_at, c.schedule_type, c.cron_expr, c.timezone, c.
        clock_timestamp() AS db_clock
 FROM claimed AS c;
 
+-- name: floor_probe
+-- Due rows below the claim's floors (%(shards)s, %(floors)s; cron_at_scale.floors): the first
+-- of each shard, by the same (shard, fire_at) index and the claim's held-queue filter, no lock
+-- taken. Run by the dispatcher's floor-probe thread, which lowers the floors to what it finds.
+SELECT s.shard, h.fire_at FROM unnest(%(shards)s::smallint[], %(floors)s::timestamptz[]) AS s(shard, floor)
+CROSS JOIN LATERAL (
+    SELECT fire_at FROM cron_at_scale_job
+    WHERE status = 'pending' AND shard = s.shard AND fire_at < s.floor
+      AND NOT (queue = ANY(%(held_queues)s::text[])
+               OR (queue = '' AND %(held_blank)s <> (task = ANY(%(blank_tasks)s::text[]))))
+    ORDER BY fire_at
+    LIMIT 1
+) AS h;
+
 -- name: queue_names
 -- The distinct named queues (at most %(limit)s; the default queue '' is not one), for
 -- cron_status: a skip scan of the partial (queue, fire_at, id) index of named queues, one

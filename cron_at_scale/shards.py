@@ -13,7 +13,7 @@ two dispatchers believe about their shards.
 
 The claim reads the head of each shard held (its first due rows, from the
 (shard, fire_at) index); :class:`ShardHeads` says how many rows of each, and
-:class:`ShardFloors` where in the index each head starts.
+:class:`cron_at_scale.floors.ShardFloors` where in the index each head starts.
 """
 
 from __future__ import annotations
@@ -21,10 +21,9 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
-from datetime import datetime, timedelta
 
 from . import conf, db
+from .floors import ShardFloors
 from .models import NUM_SHARDS
 
 log = logging.getLogger(__name__)
@@ -78,87 +77,6 @@ class ShardHeads:
             return True
         self.per_shard = self.base
         return False
-
-
-class ShardFloors:
-    """Where each held shard's head starts: a lower bound on ``fire_at`` carried from one claim
-    to the next (``floors``, one per shard, ``None`` for none).
-
-    Why: a claimed job leaves its pending version in the (shard, fire_at) index until vacuum
-    removes it, and while any transaction older than the claim is open (a long report, an idle
-    session in a transaction) PostgreSQL can neither remove it nor mark it dead. A claim that
-    starts its walk at the start of the index re-reads every job claimed since that transaction
-    began (600,000 rows after 5 minutes at 2,000 jobs/s): its cost grows with the age of the
-    oldest transaction, not with the batch. Starting at the floor, it re-reads at most the last
-    ``margin`` seconds of claims.
-
-    The floor of a shard after a claim that took rows of it: the latest ``fire_at`` it took
-    there (its unclaimed due rows come after it: each shard's head is read in ``fire_at``
-    order), but never later than ``margin`` seconds before the claim's database time, so a job
-    scheduled for "now" by a transaction that began up to ``margin`` seconds ago is above it;
-    and never later than the old ``fire_at`` of a recurring job taken there (its next
-    occurrence, maybe one still to catch up, comes after it). A shard that gave no row keeps
-    its floor.
-
-    What a floor can pass over: a row written below it after the claim (a job scheduled into
-    the past, a reaped run that keeps its expiring ``fire_at``, a row another transaction held
-    locked). So every ``sweep`` seconds, and after a wake-up notification, a change of held
-    queues or a reaper pass that sent runs back, one claim runs with no floor. Such a row waits
-    at most ``sweep`` seconds more than it would without floors; a due job scheduled for now
-    or later is never held back.
-
-    A sweep re-reads what vacuum has not removed yet, so behind a transaction held open for
-    minutes it grows with every claim made since the transaction began. The next
-    sweep then waits ``seconds / share`` (at most ``max_sweep``) instead of ``sweep``: sweeps
-    take at most ``share`` of the loop's time, and a row scheduled below a floor waits at most
-    ``max_sweep`` seconds more.
-    """
-
-    def __init__(self, margin: float = 2.0, sweep: float = 5.0, max_sweep: float = 60.0, share: float = 0.05):
-        self.margin = timedelta(seconds=margin)
-        self.sweep = sweep
-        self.max_sweep = max_sweep
-        self.share = share
-        self.floors: dict[int, datetime] = {}
-        self._swept: float | None = None  # monotonic time of the last claim with no floor
-        self._sweeping = False  # the next claim learnt from is a sweep
-        self._slow = 0.0  # seconds between sweeps that the last sweep's duration asks for
-
-    @property
-    def interval(self) -> float:
-        """Seconds from one sweep to the next."""
-        return max(self.sweep, self._slow)
-
-    def params(self, shards: list[int]) -> dict:
-        """The claim's ``floors``: one per shard of ``shards``, ``None`` where there is none."""
-        if self._swept is None or time.monotonic() - self._swept >= self.interval:
-            self.reset()
-        return {"floors": [self.floors.get(s) for s in shards]}
-
-    def reset(self) -> None:
-        """Let the next claim read every shard from the start of its due rows."""
-        self.floors.clear()
-        self._swept = time.monotonic()
-        self._sweeping = True
-
-    def learn(self, rows, db_now: datetime | None, seconds: float | None = None) -> None:
-        """Move the floors after a claim; ``rows``: the claimed rows (``shard``, ``fire_at``,
-        ``schedule_type``), ``db_now``: the claim's database time (aware UTC), ``seconds``: how
-        long the claim statement took."""
-        if self._sweeping and seconds is not None:
-            self._sweeping = False
-            self._slow = min(self.max_sweep, seconds / self.share)
-        if not rows or db_now is None:
-            return
-        cap = db_now - self.margin
-        top: dict[int, datetime] = {}
-        for r in rows:
-            top[r.shard] = max(top.get(r.shard, r.fire_at), r.fire_at)
-        for r in rows:
-            if r.schedule_type != "once":
-                top[r.shard] = min(top[r.shard], r.fire_at)
-        for shard, fire_at in top.items():
-            self.floors[shard] = min(fire_at, cap)
 
 
 class ShardLeases:

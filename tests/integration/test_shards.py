@@ -119,9 +119,9 @@ def _claim_ahead(d: Dispatcher) -> None:
     from django.utils import timezone
 
     now = timezone.now()
-    for i in range(256):
-        cron_at_scale.schedule(noop, at=now - timedelta(seconds=30) + timedelta(milliseconds=i))
-        cron_at_scale.schedule(noop, at=now + timedelta(milliseconds=900))
+    # 2,048 random ids: every one of the 64 shards gets some (all but certainly: 64 * e^-32)
+    cron_at_scale.schedule_many([{"task": noop, "at": now - timedelta(seconds=30) + timedelta(milliseconds=i)}
+                                 for i in range(1024)] + [{"task": noop, "at": now + timedelta(milliseconds=900)}] * 1024)
     while d.claim():
         pass
     assert len(d.shards.floors.floors) == NUM_SHARDS
@@ -155,6 +155,25 @@ def test_a_job_scheduled_into_the_past_below_the_floors_waits_at_most_one_sweep(
         time.sleep(0.05)
     assert [c.job_id for c in got] == [job.id]
 
+
+
+def test_the_floor_probe_finds_a_job_scheduled_below_the_floors():
+    # The dispatcher's probe thread (here one probe, called directly) finds the first due row
+    # below each shard's floor and lowers the floor to it; the next claim takes it.
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    d = Dispatcher(name="solo", lookahead=1.0)
+    d.shards.floors.sweep = 3600.0  # no sweep by the claim itself
+    d.claim()
+    _claim_ahead(d)
+    job = cron_at_scale.schedule(noop, at=timezone.now() - timedelta(minutes=5))
+    assert d.claim() == []  # below every floor
+    shard = Job.objects.get(id=job.id).shard
+    assert d.floor_probe.probe() == {shard: Job.objects.get(id=job.id).fire_at}
+    assert [c.job_id for c in d.claim()] == [job.id]
+    assert d.floor_probe.probe() == {}
 
 
 @pytest.mark.django_db(transaction=True)

@@ -3,7 +3,7 @@
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
-from cron_at_scale.shards import ShardFloors
+from cron_at_scale.floors import ShardFloors
 
 NOW = datetime(2026, 3, 29, 1, 0, tzinfo=timezone.utc)
 
@@ -37,6 +37,7 @@ def test_a_shard_that_gave_nothing_keeps_its_floor_and_a_sweep_clears_them_all()
     f = ShardFloors(margin=2.0, sweep=60.0)
     f.params([1, 2])
     f.learn([row(1, -30), row(2, -20)], NOW)
+    f.params([1, 2])
     f.learn([row(2, -10)], NOW + timedelta(seconds=1))
     assert f.floors == {1: NOW - timedelta(seconds=30), 2: NOW - timedelta(seconds=10)}
     f.sweep = 0.0  # the sweep is due: the next claim reads every shard from the start
@@ -60,3 +61,18 @@ def test_a_slow_sweep_spaces_out_the_next_ones():
     f.reset()
     f.learn([], NOW, seconds=0.01)  # quick again: back to every `sweep` seconds
     assert f.interval == 5.0
+
+
+def test_a_floor_lowered_while_a_claim_ran_stays_lowered():
+    # the probe found a row below shard 1's floor while a claim (given the old floor) ran: that
+    # claim did not look below the old floor, so what it learns must not raise the floor again
+    f = ShardFloors(margin=2.0, sweep=60.0)
+    f.params([1, 2])
+    f.learn([row(1, -30), row(2, -30)], NOW)
+    f.params([1, 2])  # the next claim is given -30 s for both
+    f.lower({1: NOW - timedelta(seconds=50), 3: NOW})  # shard 3 has no floor: nothing to lower
+    f.learn([row(1, -20), row(2, -20)], NOW)
+    assert f.floors == {1: NOW - timedelta(seconds=50), 2: NOW - timedelta(seconds=20)}
+    f.params([1, 2])
+    f.learn([row(1, -40)], NOW)  # given the lowered floor: it moves on from there
+    assert f.floors[1] == NOW - timedelta(seconds=40)
