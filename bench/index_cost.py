@@ -6,6 +6,7 @@ created here and emptied at each turn, never your own)::
 
     python bench/index_cost.py                       # 100,000 jobs into an empty table, 3 turns
     python bench/index_cost.py --beside 1000000      # ... beside 1M pending jobs
+    python bench/index_cost.py --sides after --beside 10000000   # today's indexes only, beside 10M
 
 Each turn sets the indexes of one side (drops and builds the ones that differ), then times
 ``schedule_many`` of ``--jobs`` one-off jobs of the default queue (50,000 per call) and reads
@@ -46,6 +47,8 @@ def main(argv=None) -> int:
     p.add_argument("--beside", type=int, default=0, help="pending jobs already in the table (0)")
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--db", default="cron_index_cost")
+    p.add_argument("--sides", choices=("both", "after"), default="both",
+                   help="after: only today's index set (no index rebuilt between turns: for --beside 10000000)")
     args = p.parse_args(argv)
 
     import psycopg2
@@ -93,9 +96,10 @@ def main(argv=None) -> int:
              FROM generate_series(1, %s) AS g""", [args.beside])
         q("VACUUM ANALYZE cron_at_scale_job")
     (backend,), = q("SELECT pg_backend_pid()")
-    results: dict[str, list[tuple[float, float]]] = {side: [] for side in SIDES}
+    sides = SIDES if args.sides == "both" else {"after 0013": SIDES["after 0013"]}
+    results: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
     for turn in range(args.turns):
-        for side, dropped in SIDES.items():
+        for side, dropped in sides.items():
             set_side(dropped)
             q("DELETE FROM cron_at_scale_job WHERE fire_at >= now() + interval '40 days'")  # the previous turn's
             q("VACUUM cron_at_scale_job")
