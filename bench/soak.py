@@ -1058,6 +1058,7 @@ def main(argv=None) -> int:
         return 0
     machine = {"cpus": os.cpu_count(), "load_start": [round(x, 2) for x in os.getloadavg()],
                "host": socket.gethostname()}
+    code = benchrun.code_version()  # at the start: the processes it starts run this code
     soak = Soak(args)
     if args.load_only:
         soak.load(args.pending)
@@ -1069,7 +1070,7 @@ def main(argv=None) -> int:
     machine["load_end"] = [round(x, 2) for x in os.getloadavg()]
     result["machine"] = machine
     result["every"] = args.every
-    result["code"] = benchrun.code_version()
+    result["code"] = code
     result["png"] = draw([result], args.png_dir) if args.scenario != "recurring" else []
     table(result)
     line = json.dumps(result, default=str)
