@@ -20,6 +20,11 @@ def test_the_claims_index_is_partial_on_shard_and_fire_at():
     assert "WHERE ((status)::text = 'pending'::text)" in indexdef
 
 
+def test_autovacuum_visits_the_job_table_once_one_percent_of_its_rows_are_dead():
+    (options,), = sql("SELECT reloptions FROM pg_class WHERE relname = 'cron_at_scale_job'")
+    assert "autovacuum_vacuum_scale_factor=0.01" in (options or []), options
+
+
 def test_ids_are_uuid_and_times_are_timestamptz():
     cols = dict(sql("SELECT column_name, data_type FROM information_schema.columns "
                     "WHERE table_name = 'cron_at_scale_job'"))
