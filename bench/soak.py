@@ -469,6 +469,13 @@ class Soak:
         out: dict = {"scenario": sc, "pending": a.pending, "rate": a.rate, "minutes": a.minutes,
                      "label": a.label or f"{sc}, {a.pending:,} pending, {a.rate:,}/s"}
         out["load"] = self.load(a.pending)
+        (autovacuum,), = self.q("SHOW autovacuum")
+        out["autovacuum"] = autovacuum
+        if autovacuum != "on":  # a test server's setting, say: the dead-tuple figures then mean nothing
+            say("soak: autovacuum is off on this server: dead tuples are never reclaimed here; "
+                "use a cluster with PostgreSQL's default settings for those figures")
+        (options,), = self.q("SELECT reloptions FROM pg_class WHERE relname = 'cron_at_scale_job'")
+        out["job_table_options"] = options
         if a.autovacuum_scale_factor is not None:  # a per-table setting, to weigh against the default
             self.q(f"ALTER TABLE cron_at_scale_job SET (autovacuum_vacuum_scale_factor = {a.autovacuum_scale_factor:g})")
             out["autovacuum_vacuum_scale_factor"] = a.autovacuum_scale_factor
