@@ -184,14 +184,23 @@ def feeder(args) -> int:
     return 0
 
 
+def redis_client(url: str):
+    """A redis-py client for a Celery broker URL, through kombu, which also reads the embedded
+    broker's ``redis+socket://`` URLs (as bench/run.py does)."""
+    from kombu import Connection
+
+    broker = Connection(url)
+    broker.ensure_connection(max_retries=3)
+    return broker.default_channel.client
+
+
 def consumer(args) -> int:
     """Take messages off the broker as they come until SIGTERM; save (fire_at, lateness ms, shard) of each."""
     import numpy as np
-    import redis
 
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    client = redis.Redis.from_url(os.environ["CELERY_BROKER_URL"])
+    client = redis_client(os.environ["CELERY_BROKER_URL"])
     fire_ats, lates, shards = [], [], []
     key_f, key_j = b'"fire_at": "', b'"job_id": "'
     parse = datetime.fromisoformat
@@ -240,9 +249,8 @@ class Soak:
     def __init__(self, args):
         self.args = args
         self.connection, self.broker_url, self.app = benchrun.django_up()
-        import redis
 
-        self.redis = redis.Redis.from_url(self.broker_url)
+        self.redis = redis_client(self.broker_url)
         (backend,), = self.q("SELECT pg_backend_pid()")
         self.backend = backend  # this process's own connection: its samples are not the dispatcher's load
         stat = benchrun.proc_stat(backend)
