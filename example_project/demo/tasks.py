@@ -3,6 +3,7 @@
 import os
 import signal
 import time
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 
 from celery import shared_task
@@ -118,11 +119,19 @@ def ledger(path: str, seconds: float = 0.0):
 # Tasks declared with Celery's retry options, run both as plain Celery tasks (``apply_async``) and
 # scheduled; each attempt appends its time to the Redis list ``retry-ledger:<tag>`` and the final
 # failure appends "failed" (tests compare attempt counts and delays).
-def _ledger_push(tag: str, entry: str) -> None:
-    import redis
+@contextmanager
+def broker_redis():
+    """A redis-py client of the Celery broker, through kombu, which also reads the embedded
+    broker's ``redis+socket://`` URL (redis-py does not)."""
     from django.conf import settings
+    from kombu import Connection
 
-    with redis.Redis.from_url(settings.CELERY_BROKER_URL) as r:
+    with Connection(settings.CELERY_BROKER_URL) as conn:
+        yield conn.default_channel.client
+
+
+def _ledger_push(tag: str, entry: str) -> None:
+    with broker_redis() as r:
         r.rpush(f"retry-ledger:{tag}", entry)
 
 

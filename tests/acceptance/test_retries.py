@@ -88,10 +88,9 @@ LIKE_CELERY = {
 
 
 def ledger(tag):
-    import redis
-    from django.conf import settings
+    from demo.tasks import broker_redis
 
-    with redis.Redis.from_url(settings.CELERY_BROKER_URL) as r:
+    with broker_redis() as r:
         return [v.decode() for v in r.lrange(f"retry-ledger:{tag}", 0, -1)]
 
 
