@@ -92,7 +92,7 @@ class Dispatcher:
         self.held = HeldRuns()  # runs claimed ahead, until their time (monotonic) to go out
         self._clock: tuple[float, float] | None = None  # (database time, monotonic) at the last claim
         self.more_due = False  # the last claim left rows due: claim again without waiting
-        self._held: dict | None = None  # the held queues of the last claim (QueueGate.claim_params)
+        self._held_queues: dict | None = None  # of the last claim (QueueGate.claim_params)
 
     # -- one step -------------------------------------------------------------------------
 
@@ -108,16 +108,16 @@ class Dispatcher:
             self.shards.refresh()
         t0 = time.monotonic()
         while True:
-            held = self.queues.claim_params()
-            if held != self._held:  # a queue let go: its jobs may lie below the shards' floors
-                self._held = held
+            held_queues = self.queues.claim_params()
+            if held_queues != self._held_queues:  # a queue let go: its jobs may lie below the shards' floors
+                self._held_queues = held_queues
                 self.shards.floors.reset()
             shards = self.shards.claim_params()
             with transaction.atomic():
                 db.run("claim_settings", fetch="count", retries=0)
                 t1 = time.monotonic()
                 rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease,
-                                        "lookahead": self.lookahead, **shards, **held}, retries=0)
+                                        "lookahead": self.lookahead, **shards, **held_queues}, retries=0)
                 if self.queues.learn(rows):  # a queue first seen in this batch is held: claim again without it
                     transaction.set_rollback(True)
                     continue
@@ -242,12 +242,14 @@ class Dispatcher:
         if self.reaper.maybe_reap(now):  # runs sent back keep an expiring fire_at: maybe below a floor
             self.shards.floors.reset()
         self.overdue.maybe_check(now)
-        self.fire_timers(wait=wait)
+        if not self.held.running:  # else the timer thread sends them
+            self.fire_timers(wait=wait)
         if not claim or self.broker_full():
             n, self.more_due = 0, False
         else:
             n = self.tick(wait=wait)
-        self.fire_timers(wait=wait)
+        if not self.held.running:
+            self.fire_timers(wait=wait)
         if not self.more_due:  # idle time only: retention never holds up a busy loop
             retention.maybe_purge()
             history.maybe_trim()
