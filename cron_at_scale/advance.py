@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from . import db
 from .publish import Claimed
-from .recurrence import Recurrence, plan
+from .recurrence import Occurrences, Plan, Recurrence, plan
 
 log = logging.getLogger(__name__)
 
@@ -28,42 +28,72 @@ def advance(rows, *, lease: float, lookahead: float = 0.0, catchup: str | None =
     policy used instead of each job's own (``resume(missed=...)``; ``"none"``: fire none).
     Must run in the transaction that locked the rows.
     """
-    moved: dict[str, list] = {k: [] for k in ("ids", "fire_ats", "occurrences", "n_attempts", "missed", "skipped",
-                                              "buffers", "first_fired")}
-    logged: dict[str, list] = {k: [] for k in ("a_job_ids", "a_attempts", "a_scheduled", "a_outcomes")}
     runs: list[Claimed] = []
+    shared = Occurrences()  # a burst shares a few expressions: each computed once for the batch
+    # Jobs alike in everything the plan reads (no jitter, which hashes the job id) share one plan,
+    # and the statement gets each plan once and each job as (id, plan number): at the top of the
+    # hour, thousands of jobs share a few (expression, zone, occurrence).
+    by_key: dict[tuple, int] = {}
+    plans: list[Plan] = []
+    job_ids: list = []
+    job_plans: list[int] = []
     # Read after the claim locked the rows, in a statement of its own (see running_jobs).
     watched = [row.id for row in rows if row.overlap != "allow"]
-    busy = {r.job_id for r in db.run("running_jobs", {"ids": watched}, retries=0)} if watched else set()
+    busy = {r.job_id for r in db.run("running_jobs", {"ids": db.array(watched)}, retries=0)} if watched else set()
     for row in rows:
-        base = Claimed.from_row(row)
-        overlap, buffered_at, db_now = row.overlap, row.buffered_at, row.db_now
-        running = base.job_id in busy
-        rec = Recurrence(str(base.job_id), base.schedule_type, base.cron_expr, base.timezone, row.interval,
-                         row.jitter, catchup or row.catchup, row.catchup_window, overlap)
-        occurrence_at = row.occurrence_at or base.fire_at
-        if buffered_at is None and base.fire_at < occurrence_at:
-            buffered_at = base.fire_at  # fire_at moved before the schedule ("run now"): one extra run
+        job_id, overlap, buffered_at, db_now = row.id, row.overlap, row.buffered_at, row.db_now
+        running = job_id in busy
+        occurrence_at = row.occurrence_at or row.fire_at
+        if buffered_at is None and row.fire_at < occurrence_at:
+            buffered_at = row.fire_at  # fire_at moved before the schedule ("run now"): one extra run
         # Runs due within the look-ahead go to the timers; but whether a run overlaps
         # the previous one is decided when it is due, not a look-ahead early.
         early = lookahead if overlap == "allow" or not running else 0.0
-        horizon = db_now + timedelta(seconds=early)
-        p = plan(rec, occurrence_at, horizon, running=running, buffered=buffered_at)
-        attempt = base.attempt  # the counter before this claim
-        for (occ, due_at), outcome in [*((s, "skipped") for s in p.skipped), *((f, "dispatched") for f in p.fire)]:
-            attempt += 1
-            logged["a_job_ids"].append(base.job_id)
-            logged["a_attempts"].append(attempt)
-            logged["a_scheduled"].append(due_at)
-            logged["a_outcomes"].append(outcome)
-            if outcome == "dispatched":
-                runs.append(replace(base, attempt=attempt, fire_at=due_at, occurrence=occ))
-        first_fired = min((due_at for _occ, due_at in p.fire), default=None)  # the overdue watch
-        for key, value in zip(moved, (base.job_id, p.next_fire_at, p.next_occurrence, attempt - base.attempt,
-                                      p.missed, len(p.skipped), p.buffer, first_fired), strict=True):
-            moved[key].append(value)
-        if p.missed or p.skipped:
-            log.warning("job %s: %d occurrences missed (catch-up %s, window %.0fs), %d skipped (overlap %s)",
-                        base.job_id, p.missed, rec.catchup, row.catchup_window, len(p.skipped), overlap)
-    db.run("advance_recurring", {**moved, **logged, "lease": lease}, fetch="count", retries=0)
+        policy = catchup or row.catchup
+        key = (row.schedule_type, row.cron_expr, row.timezone, row.interval, policy, row.catchup_window, overlap,
+               occurrence_at, early, running, buffered_at, row.jitter and job_id)
+        index = by_key.get(key)
+        if index is None:
+            rec = Recurrence(str(job_id), row.schedule_type, row.cron_expr, row.timezone, row.interval,
+                             row.jitter, policy, row.catchup_window, overlap)
+            p = plan(rec, occurrence_at, db_now + timedelta(seconds=early), running=running, buffered=buffered_at,
+                     shared=shared)
+            index = by_key[key] = len(plans)
+            plans.append(p)
+            if p.missed or p.skipped:
+                log.warning("job %s%s: %d occurrences missed (catch-up %s, window %.0fs), %d skipped (overlap %s)",
+                            job_id, "" if row.jitter else " and the jobs alike in this batch", p.missed, policy,
+                            row.catchup_window, len(p.skipped), overlap)
+        else:
+            p = plans[index]
+        job_ids.append(job_id)
+        job_plans.append(index)
+        if len(p.fire) == 1:
+            (occ, due_at), = p.fire
+            runs.append(Claimed.from_row(row, row.attempts + len(p.skipped) + 1, due_at, occ))
+        elif p.fire:
+            base = Claimed.from_row(row)
+            first = row.attempts + len(p.skipped)  # the attempt counter before this claim, then the skipped
+            runs += [replace(base, attempt=first + k, fire_at=due_at, occurrence=occ)
+                     for k, (occ, due_at) in enumerate(p.fire, 1)]
+    # Per plan: the job's new columns, and its attempt rows as (plan, offset from the job's
+    # counter before this claim, scheduled time, outcome): the skipped first, then the fired.
+    attempts: dict[str, list] = {"r_plans": [], "r_offsets": [], "r_scheduled": [], "r_outcomes": []}
+    for index, p in enumerate(plans):
+        for k, ((_occ, due_at), outcome) in enumerate(
+                [*((s, "skipped") for s in p.skipped), *((f, "dispatched") for f in p.fire)], 1):
+            attempts["r_plans"].append(index)
+            attempts["r_offsets"].append(k)
+            attempts["r_scheduled"].append(due_at)
+            attempts["r_outcomes"].append(outcome)
+    columns = {
+        "ids": job_ids, "plans": job_plans,
+        "p_fire_ats": [p.next_fire_at for p in plans], "p_occurrences": [p.next_occurrence for p in plans],
+        "p_n_attempts": [len(p.skipped) + len(p.fire) for p in plans], "p_missed": [p.missed for p in plans],
+        "p_skipped": [len(p.skipped) for p in plans], "p_buffers": [p.buffer for p in plans],
+        "p_first_fired": [min((due_at for _occ, due_at in p.fire), default=None) for p in plans],  # the overdue watch
+        **attempts,
+    }
+    db.run("advance_recurring", {**{k: db.array(v) for k, v in columns.items()}, "lease": lease}, fetch="count",
+           retries=0)
     return runs

@@ -13,9 +13,12 @@ import functools
 import logging
 import re
 import time
+import uuid
 import weakref
 from collections import namedtuple
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.db import (
@@ -107,6 +110,34 @@ def _execute_prepared_once(cur, conn, name: str, params: dict, bare: bool) -> No
         entry.runs, entry.prepared_at = 0, time.monotonic()
     entry.runs += 1
     cur.execute(entry.sql(bare), params)
+
+
+_PLAIN_WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def array(values: Iterable[Any]) -> str:
+    """``values`` as one PostgreSQL array literal (``'{a,b,NULL}'``), for a parameter the
+    statement casts (``%(ids)s::uuid[]``). psycopg2 adapts a list item by item, ~5 µs per UUID or
+    datetime: 60 ms of a 1,000-row claim's write of twelve columns; the literal costs ~1 µs an item.
+
+    Items: None, UUIDs, ints, floats, aware datetimes (ISO 8601, with their offset) and plain words
+    (``dispatched``); anything else raises ``TypeError`` (a string that would need quoting).
+    """
+    parts = []
+    for v in values:
+        if v is None:
+            parts.append("NULL")
+        elif isinstance(v, datetime):
+            if v.tzinfo is None:
+                raise TypeError(f"naive datetime {v!r} in an array parameter")
+            parts.append(v.isoformat())
+        elif isinstance(v, (uuid.UUID, int, float)):
+            parts.append(str(v).lower() if isinstance(v, bool) else str(v))
+        elif isinstance(v, str) and _PLAIN_WORD.match(v):
+            parts.append(v)
+        else:
+            raise TypeError(f"{v!r} cannot go in an array literal unquoted")
+    return "{" + ",".join(parts) + "}"
 
 
 def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: int = 1):

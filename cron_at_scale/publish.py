@@ -76,16 +76,18 @@ class Claimed:
     eta: datetime | None = None  # published before its fire_at (ETA_LEAD): Celery's eta, its fire_at
 
     @classmethod
-    def from_row(cls, row) -> Claimed:
-        """A run from a row of ``claim`` or ``refire_cron`` (columns by name)."""
+    def from_row(cls, row, attempt: int | None = None, fire_at: datetime | None = None,
+                 occurrence: datetime | None = None) -> Claimed:
+        """A run from a row of ``claim`` or ``refire_cron`` (columns by name); ``attempt``,
+        ``fire_at`` and ``occurrence``, when given, instead of the row's (a recurring job's run)."""
         # Django's PostgreSQL backend hands jsonb to raw cursors as text.
         payload, options = row.payload, row.options
         if isinstance(payload, str):
             payload = json.loads(payload)
         if isinstance(options, str):
             options = {} if options == "{}" else json.loads(options)
-        return cls(row.id, row.attempts, row.fire_at, row.schedule_type, row.cron_expr, row.timezone, row.task,
-                   payload, row.queue, options)
+        return cls(row.id, row.attempts if attempt is None else attempt, row.fire_at if fire_at is None else fire_at,
+                   row.schedule_type, row.cron_expr, row.timezone, row.task, payload, row.queue, options, occurrence)
 
 
 def header(c: Claimed) -> dict:

@@ -41,9 +41,13 @@ SET LOCAL synchronous_commit = off; SET LOCAL enable_sort = off; SET LOCAL jit =
 -- to one (%(blank_tasks)s: the tasks whose route differs from the default queue's,
 -- held or not as %(held_blank)s says). A filter on the same index walk.
 WITH due AS (
-    SELECT h.id FROM unnest(%(shards)s::smallint[], %(floors)s::timestamptz[]) AS s(shard, floor)
+    -- the locked rows' own columns, as FOR UPDATE returns them (the latest committed version):
+    -- a recurring job is locked here and written once, by advance_recurring
+    SELECT h.* FROM unnest(%(shards)s::smallint[], %(floors)s::timestamptz[]) AS s(shard, floor)
     CROSS JOIN LATERAL (
-        SELECT id, fire_at FROM cron_at_scale_job
+        SELECT id, attempts, fire_at, schedule_type, cron_expr, timezone, task, payload, queue, options,
+               interval, occurrence_at, catchup, catchup_window, overlap, jitter, buffered_at, locked_until, shard
+        FROM cron_at_scale_job
         WHERE status = 'pending' AND shard = s.shard
           AND fire_at >= COALESCE(s.floor, '-infinity')
           AND fire_at <= statement_timestamp() + make_interval(secs => %(lookahead)s)
@@ -56,22 +60,19 @@ WITH due AS (
     ORDER BY h.fire_at
     LIMIT %(limit)s
 ), claimed AS (
+    -- one-off jobs only: a recurring job stays pending and locked, moved on by advance_recurring
     UPDATE cron_at_scale_job AS j
-    SET status = CASE WHEN j.schedule_type = 'once' THEN 'in_progress' ELSE j.status END,
-        attempts = CASE WHEN j.schedule_type = 'once' THEN j.attempts + 1 ELSE j.attempts END,
-        locked_by = CASE WHEN j.schedule_type = 'once' THEN %(dispatcher)s ELSE j.locked_by END,
+    SET status = 'in_progress', attempts = j.attempts + 1, locked_by = %(dispatcher)s,
         -- The lease runs from the run's fire_at (a run claimed within the look-ahead waits
         -- in the dispatcher until then), so a held run is never reaped and re-fired early.
         -- A job whose earlier attempts were lost before any worker started them (a
         -- backlog, a broker outage) gets a longer dispatch lease each time (x2, up to x16),
         -- so re-fires do not outrun the workers.
-        locked_until = CASE WHEN j.schedule_type = 'once'
-                            THEN GREATEST(statement_timestamp(), j.fire_at) + make_interval(secs => %(lease)s
-                                 * power(2, LEAST(4, j.dispatch_losses)))
-                            ELSE j.locked_until END,
+        locked_until = GREATEST(statement_timestamp(), j.fire_at) + make_interval(secs => %(lease)s
+                       * power(2, LEAST(4, j.dispatch_losses))),
         updated_at = statement_timestamp()
     -- = ANY(ARRAY(...)): a primary-key lookup per claimed id, whatever the row estimates
-    WHERE j.id = ANY(ARRAY(SELECT id FROM due))
+    WHERE j.id = ANY(ARRAY(SELECT id FROM due WHERE schedule_type = 'once'))
     RETURNING j.id, j.attempts, j.fire_at, j.schedule_type, j.cron_expr, j.timezone,
               j.task, j.payload, j.queue, j.options,
               j.interval, j.occurrence_at, j.catchup, j.catchup_window, j.overlap, j.jitter,
@@ -80,7 +81,10 @@ WITH due AS (
     INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome)
     SELECT id, attempts, fire_at, statement_timestamp(), locked_until, 'dispatched'
     FROM claimed
-    WHERE schedule_type = 'once'
+), rows AS (
+    SELECT * FROM claimed
+    UNION ALL
+    SELECT * FROM due WHERE schedule_type <> 'once'
 )
 SELECT c.id, c.attempts, c.fire_at, c.schedule_type, c.cron_expr, c.timezone, c.task, c.payload, c.queue,
        c.options, c.interval, c.occurrence_at, c.catchup, c.catchup_window, c.overlap, c.jitter, c.buffered_at,
@@ -88,7 +92,7 @@ SELECT c.id, c.attempts, c.fire_at, c.schedule_type, c.cron_expr, c.timezone, c.
        -- the database clock as the rows leave (the last row's: the statement's end), which the
        -- dispatcher pairs with its own clock when the rows arrive, to send held runs on time
        clock_timestamp() AS db_clock
-FROM claimed AS c;
+FROM rows AS c;
 
 -- name: floor_probe
 -- Due rows below the claim's floors (%(shards)s, %(floors)s; cron_at_scale.floors): the first
@@ -131,30 +135,40 @@ WHERE job_id = ANY(%(ids)s::uuid[]) AND finished_at IS NULL;
 -- (cron_at_scale.overdue), when a run fires and none is waited on: the
 -- earlier of that run and the occurrence the job was due for (a run fired
 -- late, after an outage, does not hide how long the job has waited).
-WITH moved AS (
+-- Sent as each job's (id, plan number) and each distinct plan once (jobs alike share one,
+-- cron_at_scale.advance): its new columns, and its attempts as offsets from the job's counter
+-- before this claim (the skipped first, then the fired), which the job's own row gives.
+WITH v AS (
+    SELECT * FROM unnest(%(ids)s::uuid[], %(plans)s::int[]) AS v(id, plan)
+), p AS (
+    SELECT * FROM unnest(%(p_fire_ats)s::timestamptz[], %(p_occurrences)s::timestamptz[], %(p_n_attempts)s::int[],
+                         %(p_missed)s::int[], %(p_skipped)s::int[], %(p_buffers)s::timestamptz[],
+                         %(p_first_fired)s::timestamptz[]) WITH ORDINALITY
+         AS p(fire_at, occurrence_at, n_attempts, missed, skipped, buffer, first_fired, plan)
+), moved AS (
     UPDATE cron_at_scale_job AS j
-    SET fire_at = v.fire_at, occurrence_at = v.occurrence_at,
-        attempts = j.attempts + v.n_attempts,
-        missed_occurrences = j.missed_occurrences + v.missed,
-        skipped_occurrences = j.skipped_occurrences + v.skipped,
-        buffered_at = v.buffer,
-        due_since = CASE WHEN v.first_fired IS NULL THEN j.due_since
-                         ELSE COALESCE(j.due_since, LEAST(v.first_fired, GREATEST(j.fire_at, j.occurrence_at))) END,
+    SET fire_at = p.fire_at, occurrence_at = p.occurrence_at,
+        attempts = j.attempts + p.n_attempts,
+        missed_occurrences = j.missed_occurrences + p.missed,
+        skipped_occurrences = j.skipped_occurrences + p.skipped,
+        buffered_at = p.buffer,
+        due_since = CASE WHEN p.first_fired IS NULL THEN j.due_since
+                         ELSE COALESCE(j.due_since, LEAST(p.first_fired, GREATEST(j.fire_at, j.occurrence_at))) END,
         updated_at = statement_timestamp()
-    FROM unnest(%(ids)s::uuid[], %(fire_ats)s::timestamptz[], %(occurrences)s::timestamptz[],
-                %(n_attempts)s::int[], %(missed)s::int[], %(skipped)s::int[], %(buffers)s::timestamptz[],
-                %(first_fired)s::timestamptz[])
-         AS v(id, fire_at, occurrence_at, n_attempts, missed, skipped, buffer, first_fired)
-    WHERE j.id = v.id
+    FROM v JOIN p ON p.plan = v.plan + 1
+    -- = ANY(...) too: a primary-key lookup per id, never a hash join over the whole table
+    WHERE j.id = v.id AND j.id = ANY(%(ids)s::uuid[])
+    RETURNING j.id, j.attempts - p.n_attempts AS before, v.plan
 )
 INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome, finished_at)
-SELECT r.job_id, r.attempt, r.scheduled_at, statement_timestamp(),
+SELECT m.id, m.before + r.offset_, r.scheduled_at, statement_timestamp(),
        CASE WHEN r.outcome = 'dispatched'
             THEN GREATEST(statement_timestamp(), r.scheduled_at) + make_interval(secs => %(lease)s) END,
        r.outcome,
        CASE WHEN r.outcome = 'skipped' THEN statement_timestamp() END
-FROM unnest(%(a_job_ids)s::uuid[], %(a_attempts)s::int[], %(a_scheduled)s::timestamptz[], %(a_outcomes)s::text[])
-     AS r(job_id, attempt, scheduled_at, outcome);
+FROM moved AS m
+JOIN unnest(%(r_plans)s::int[], %(r_offsets)s::int[], %(r_scheduled)s::timestamptz[], %(r_outcomes)s::text[])
+     AS r(plan, offset_, scheduled_at, outcome) ON r.plan = m.plan;
 
 -- name: expire_runs
 -- Runs a dispatcher just claimed (one-off jobs) or logged (recurring ones) that

@@ -34,7 +34,35 @@ from . import cron
 
 NONE = "none"  # a catch-up that fires no missed occurrence at all: resume(missed="skip")
 MAX_COUNTED = 100_000  # occurrences counted one by one after an outage; beyond, the count is a floor
-_CHUNK = 256
+# Occurrences asked of the cron generator at once: two cover the usual claim (the one due and
+# the next, which bounds its jitter and ends the plan); a catch-up asks for more each time.
+_FIRST_CHUNK = 2
+_MAX_CHUNK = 256
+
+
+class Occurrences:
+    """Next-occurrence lists shared by the jobs of one claim: each distinct (expression, zone,
+    previous occurrence) is computed once per batch, not once per job (a burst at the top of the
+    hour is thousands of jobs on a few expressions). Holds at most ``limit`` keys; not thread-safe:
+    one per batch."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self._lists: dict[tuple[str, str, datetime], list[datetime]] = {}
+        self.limit = limit
+        self.computed = 0  # calls of the cron generator (what the cache saved is the rest)
+
+    def after(self, expr: str, tz: str, t: datetime, n: int) -> list[datetime]:
+        """The next ``n`` occurrences of ``expr`` in ``tz`` strictly after ``t`` (aware UTC),
+        as :func:`cron_at_scale.cron.next_fire_times`; the caller must not change the list."""
+        key = (expr, tz, t)
+        got = self._lists.get(key)
+        if got is None or len(got) < n:
+            self.computed += 1
+            got = cron.next_fire_times(expr, tz, t, n)
+            if len(self._lists) >= self.limit:
+                self._lists.clear()
+            self._lists[key] = got
+        return got if len(got) == n else got[:n]
 
 
 @dataclass(frozen=True)
@@ -51,12 +79,15 @@ class Recurrence:
     catchup_window: float = 300.0
     overlap: str = "skip"
 
-    def after(self, t: datetime, n: int) -> list[datetime]:
-        """The next ``n`` occurrences strictly after ``t`` (aware UTC)."""
+    def after(self, t: datetime, n: int, shared: Occurrences | None = None) -> list[datetime]:
+        """The next ``n`` occurrences strictly after ``t`` (aware UTC); ``shared``: a batch's
+        cache of cron occurrences (:class:`Occurrences`)."""
         if self.schedule_type == "interval":
             assert self.interval is not None
             step = timedelta(seconds=self.interval)
             return [t + step * (i + 1) for i in range(n)]
+        if shared is not None:
+            return shared.after(self.cron_expr, self.timezone, t, n)
         return cron.next_fire_times(self.cron_expr, self.timezone, t, n)
 
     def jittered(self, occurrence: datetime, following: datetime | None = None) -> datetime:
@@ -93,12 +124,13 @@ class Plan:
 
 
 def plan(rec: Recurrence, occurrence: datetime, now: datetime, *, running: bool,
-         buffered: datetime | None = None) -> Plan:
+         buffered: datetime | None = None, shared: Occurrences | None = None) -> Plan:
     """Decide what a claimed recurring job does at database time ``now``.
 
     ``occurrence``: the nominal occurrence the job's ``fire_at`` stands for.
     ``running``: a previous run is unfinished. ``buffered``: an occurrence
     kept by ``overlap='buffer_one'``, which fires as soon as nothing runs.
+    ``shared``: the batch's :class:`Occurrences` (the same plan without it).
     The returned ``buffer`` is the job's new buffered occurrence (or None).
     """
     window_start = now - timedelta(seconds=rec.catchup_window)
@@ -108,12 +140,14 @@ def plan(rec: Recurrence, occurrence: datetime, now: datetime, *, running: bool,
     t = occurrence
     pending = [t]
     counted = 0
+    chunk = _FIRST_CHUNK
     while True:
         if not pending:
             break
         t = pending.pop(0)
         if not pending:
-            pending = rec.after(t, _CHUNK)
+            pending = list(rec.after(t, chunk, shared))
+            chunk = min(_MAX_CHUNK, chunk * 4)
         nxt = pending[0]
         due_at = rec.jittered(t, nxt)
         if due_at > now:
@@ -123,7 +157,7 @@ def plan(rec: Recurrence, occurrence: datetime, now: datetime, *, running: bool,
             beyond += 1
             counted += 1
             if counted >= MAX_COUNTED:  # a very long outage: jump to the window, the count is a floor
-                pending = rec.after(max(window_start, t), _CHUNK)
+                pending = list(rec.after(max(window_start, t), _MAX_CHUNK, shared))
                 counted = 0
                 continue
         else:
