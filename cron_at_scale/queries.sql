@@ -108,6 +108,25 @@ CROSS JOIN LATERAL (
     LIMIT 1
 ) AS h;
 
+-- name: due_ahead
+-- How many pending jobs of these shards (%(shards)s) fall due in each second ahead, from now to
+-- %(horizon)s seconds (second 0: within the next second), for the dispatcher's pre-loading
+-- (cron_at_scale.preload): per shard, an index range read of the partial (shard, fire_at)
+-- index, at most %(per_shard)s rows, no lock taken. The held-queue filter is the claim's.
+SELECT floor(extract(epoch FROM h.fire_at - statement_timestamp()))::int AS second, count(*) AS n
+FROM unnest(%(shards)s::smallint[]) AS s(shard)
+CROSS JOIN LATERAL (
+    SELECT fire_at FROM cron_at_scale_job
+    WHERE status = 'pending' AND shard = s.shard
+      AND fire_at > statement_timestamp()
+      AND fire_at <= statement_timestamp() + make_interval(secs => %(horizon)s)
+      AND NOT (queue = ANY(%(held_queues)s::text[])
+               OR (queue = '' AND %(held_blank)s <> (task = ANY(%(blank_tasks)s::text[]))))
+    ORDER BY fire_at
+    LIMIT %(per_shard)s
+) AS h
+GROUP BY 1 ORDER BY 1;
+
 -- name: queue_names
 -- The distinct named queues (at most %(limit)s; the default queue '' is not one), for
 -- cron_status: a skip scan of the partial (queue, fire_at, id) index of named queues, one
