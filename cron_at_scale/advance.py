@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from datetime import timedelta
 
 from . import db
 from .publish import Claimed
@@ -56,8 +55,7 @@ def advance(rows, *, lease: float, lookahead: float = 0.0, catchup: str | None =
         if index is None:
             rec = Recurrence(str(job_id), row.schedule_type, row.cron_expr, row.timezone, row.interval,
                              row.jitter, policy, row.catchup_window, overlap)
-            p = plan(rec, occurrence_at, db_now + timedelta(seconds=early), running=running, buffered=buffered_at,
-                     shared=shared)
+            p = plan(rec, occurrence_at, db_now, running=running, buffered=buffered_at, shared=shared, lookahead=early)
             index = by_key[key] = len(plans)
             plans.append(p)
             if p.missed or p.skipped:
@@ -66,6 +64,9 @@ def advance(rows, *, lease: float, lookahead: float = 0.0, catchup: str | None =
                             row.catchup_window, len(p.skipped), overlap)
         else:
             p = plans[index]
+        if (not p.fire and not p.skipped and not p.missed and p.next_fire_at == row.fire_at
+                and p.next_occurrence == row.occurrence_at and p.buffer == row.buffered_at):
+            continue  # not due yet, and undecided until it is (overlap): nothing to write
         job_ids.append(job_id)
         job_plans.append(index)
         if len(p.fire) == 1:

@@ -124,13 +124,19 @@ class Plan:
 
 
 def plan(rec: Recurrence, occurrence: datetime, now: datetime, *, running: bool,
-         buffered: datetime | None = None, shared: Occurrences | None = None) -> Plan:
+         buffered: datetime | None = None, shared: Occurrences | None = None, lookahead: float = 0.0) -> Plan:
     """Decide what a claimed recurring job does at database time ``now``.
 
     ``occurrence``: the nominal occurrence the job's ``fire_at`` stands for.
     ``running``: a previous run is unfinished. ``buffered``: an occurrence
     kept by ``overlap='buffer_one'``, which fires as soon as nothing runs.
     ``shared``: the batch's :class:`Occurrences` (the same plan without it).
+    ``lookahead``: seconds; when nothing is due by ``now``, the next occurrence fires (held
+    by the dispatcher until its time) if due within them; beside occurrences due now only with
+    ``overlap='allow'`` (else whether it overlaps them is decided when it is due). Catch-up
+    decides among the occurrences due by ``now`` only: one not due yet is never the "latest"
+    that makes a due one missed. At most one not due yet fires per claim (the next claim
+    takes the one after it).
     The returned ``buffer`` is the job's new buffered occurrence (or None).
     """
     window_start = now - timedelta(seconds=rec.catchup_window)
@@ -141,6 +147,8 @@ def plan(rec: Recurrence, occurrence: datetime, now: datetime, *, running: bool,
     pending = [t]
     counted = 0
     chunk = _FIRST_CHUNK
+    ahead_until = now + timedelta(seconds=lookahead)
+    ahead: tuple[datetime, datetime] | None = None  # the next occurrence, fired early (nothing due now)
     while True:
         if not pending:
             break
@@ -151,6 +159,12 @@ def plan(rec: Recurrence, occurrence: datetime, now: datetime, *, running: bool,
         nxt = pending[0]
         due_at = rec.jittered(t, nxt)
         if due_at > now:
+            # the coming occurrence fires early beside due ones only where runs may overlap;
+            # else only when nothing fires now (whether it overlaps is decided when it is due)
+            if ahead is None and due_at <= ahead_until and (
+                    rec.overlap == "allow" or (not in_window and (buffered is None or running))):
+                ahead = (t, due_at)
+                continue
             out.next_occurrence, out.next_fire_at = t, due_at
             break
         if due_at < window_start:  # the window counts from when the run was due (jitter included)
@@ -174,6 +188,8 @@ def plan(rec: Recurrence, occurrence: datetime, now: datetime, *, running: bool,
     else:
         fire = in_window[-1:]
     out.missed = beyond + len(in_window) - len(fire)
+    if ahead is not None:
+        fire = [*fire, ahead]  # not a catch-up: the occurrence coming, never counted missed
     if buffered is not None:
         if running:
             out.buffer = buffered  # still waiting
