@@ -14,6 +14,12 @@ DEFAULTS: dict[str, Any] = {
     # Jobs due within this many seconds are claimed early and published at their
     # fire_at from an in-memory timer: firing lag does not depend on the poll.
     "LOOKAHEAD": 1.0,
+    # Pre-loading (cron_at_scale.preload): a dispatcher looks this many seconds ahead, between
+    # claims, for bursts (the top of the hour, midnight) too large to claim within LOOKAHEAD, and
+    # claims them early enough that they go out at their instant. 0: off. Up to 600.
+    "PRELOAD": 60.0,
+    # Runs a dispatcher holds at most for pre-loading (~1 KiB of memory each: see docs/concepts.md).
+    "PRELOAD_MAX_RUNS": 200_000,
     # A run held for its fire_at is published this many seconds before it, with Celery's eta
     # set to its fire_at: the worker holds it for the last moments and starts it on time
     # (the broker and the pickup happen before, not after, the fire_at). 0: published at its
@@ -80,8 +86,9 @@ DEFAULTS: dict[str, Any] = {
 
 
 _POSITIVE = ("BATCH_SIZE", "POLL_INTERVAL", "MAX_BROKER_DEPTH", "SHARD_LEASE", "DISPATCH_LEASE", "RUN_LEASE", "HEARTBEAT_INTERVAL",
-             "REAPER_INTERVAL", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES", "WORKER_HEARTBEAT_INTERVAL", "OVERDUE_GRACE")
-_INTEGER = ("MAX_BROKER_DEPTH", "BATCH_SIZE", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES")
+             "REAPER_INTERVAL", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES", "WORKER_HEARTBEAT_INTERVAL", "OVERDUE_GRACE",
+             "PRELOAD_MAX_RUNS")
+_INTEGER = ("MAX_BROKER_DEPTH", "BATCH_SIZE", "MAX_LOST_ATTEMPTS", "MAX_PAYLOAD_BYTES", "PRELOAD_MAX_RUNS")
 
 
 def problems() -> list[str]:
@@ -102,6 +109,9 @@ def problems() -> list[str]:
     value = user.get("LOOKAHEAD", DEFAULTS["LOOKAHEAD"])
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60:
         out.append(f"CRON_AT_SCALE['LOOKAHEAD'] must be a number of seconds from 0 to 60, got {value!r}")
+    value = user.get("PRELOAD", DEFAULTS["PRELOAD"])
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 600:
+        out.append(f"CRON_AT_SCALE['PRELOAD'] must be a number of seconds from 0 to 600, got {value!r}")
     value = user.get("ETA_LEAD", DEFAULTS["ETA_LEAD"])
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60):
         out.append(f"CRON_AT_SCALE['ETA_LEAD'] must be a number of seconds from 0 to 60 or None, got {value!r}")

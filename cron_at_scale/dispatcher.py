@@ -24,6 +24,7 @@ from .celery_app import get_app, refuse_pickle
 from .floors import FloorProbe
 from .identity import process_name
 from .overdue import OverdueWatch
+from .preload import Preload
 from .publish import Claimed, Publisher, Sender
 from .queues import QueueGate
 from .reaper import Reaper
@@ -47,7 +48,7 @@ class Dispatcher:
     def __init__(self, name: str | None = None, batch_size: int | None = None,
                  poll_interval: float | None = None, lease: float | None = None, app=None,
                  shards: str = "auto", lookahead: float | None = None, hold_unconsumed: bool | None = None,
-                 eta_lead: float | None = None):
+                 eta_lead: float | None = None, preload: float | None = None):
         conf.check()
         self.name = name or process_name()
         self.batch_size = int(batch_size or conf.get("BATCH_SIZE"))
@@ -65,6 +66,9 @@ class Dispatcher:
                                      "ETA_LEAD": self.eta_lead})
         if found:  # the arguments given here may contradict each other too
             raise ImproperlyConfigured("; ".join(found))
+        # bursts seen coming are claimed early (cron_at_scale.preload); the claim's look-ahead is its
+        self.preload = Preload(float(conf.get("PRELOAD") if preload is None else preload),
+                               int(conf.get("PRELOAD_MAX_RUNS")), base=self.lookahead, lead=self.eta_lead)
         self.max_broker_depth = int(conf.get("MAX_BROKER_DEPTH"))
         self.app = app or get_app()
         refuse_pickle(self.app)
@@ -113,11 +117,13 @@ class Dispatcher:
                 self._held_queues = held_queues
                 self.shards.floors.reset()
             shards = self.shards.claim_params()
+            # pre-loading stops at its bound of held runs (the ordinary look-ahead goes on)
+            lookahead = self.preload.lookahead() if len(self.held) < self.preload.max_runs else self.lookahead
             with transaction.atomic():
                 db.run("claim_settings", fetch="count", retries=0)
                 t1 = time.monotonic()
                 rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease,
-                                        "lookahead": self.lookahead, **shards, **held_queues}, retries=0)
+                                        "lookahead": lookahead, **shards, **held_queues}, retries=0)
                 if self.queues.learn(rows):  # a queue first seen in this batch is held: claim again without it
                     transaction.set_rollback(True)
                     continue
@@ -129,13 +135,21 @@ class Dispatcher:
                 runs = [Claimed.from_row(r) for r in rows if r.schedule_type == "once"]
                 recurring = [r for r in rows if r.schedule_type != "once"]
                 if recurring:
-                    runs += self._advance(recurring)
+                    runs += advance(recurring, lease=self.lease, lookahead=lookahead)
                 if rows:  # runs already past their expiry are recorded skipped, not published
                     runs = expiry.drop_expired(runs, rows[0].db_now)
+            self.preload.observe(len(rows), time.monotonic() - t1, full=len(rows) >= self.batch_size)
             return runs
 
-    def _advance(self, rows) -> list[Claimed]:
-        return advance(rows, lease=self.lease, lookahead=self.lookahead)
+    def look_ahead(self) -> float:
+        """Read the due count per second ahead of this dispatcher's shards and let the pre-loading
+        decide (see :mod:`cron_at_scale.preload`); return the look-ahead now in force (seconds)."""
+        now = time.monotonic()
+        shards = self.shards.claim_params()["shards"]
+        room = max(0, self.preload.max_runs - len(self.held))
+        counts = db.run("due_ahead", {"shards": shards, "horizon": self.preload.horizon,
+                                      "per_shard": room // max(1, len(shards)) + 1, **self.queues.claim_params()})
+        return self.preload.look([(r.second, r.n) for r in counts], len(self.held), now)
 
     def tick(self, wait: bool = True) -> int:
         """Claim one batch; publish what is due now, hold the rest on timers; return the count claimed.
@@ -250,6 +264,8 @@ class Dispatcher:
             n = self.tick(wait=wait)
         if not self.held.running:
             self.fire_timers(wait=wait)
+        if claim and not self.more_due and self.preload.due(now):  # a burst coming: claim it now
+            self.more_due = self.look_ahead() > self.preload.base
         if not self.more_due:  # idle time only: retention never holds up a busy loop
             retention.maybe_purge()
             history.maybe_trim()

@@ -27,14 +27,18 @@ def _positive(kind, maximum):
     return parse
 
 
-def _seconds(text):
+def _seconds(text, maximum=60):
     try:
         value = float(text)
     except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(f"not a number: {text[:40]!r}") from None
-    if not math.isfinite(value) or not 0 <= value <= 60:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 60 seconds, got {text[:40]!r}")
+    if not math.isfinite(value) or not 0 <= value <= maximum:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {maximum} seconds, got {text[:40]!r}")
     return value
+
+
+def _preload(text):
+    return _seconds(text, 600)
 
 
 def _name(text):
@@ -64,6 +68,9 @@ class Command(BaseCommand):
         parser.add_argument("--eta-lead", type=_seconds,
                             help="seconds before its fire_at a held run is published, with Celery's eta "
                                  "(default: CRON_AT_SCALE['ETA_LEAD']; 0: at its fire_at, no eta)")
+        parser.add_argument("--preload", type=_preload,
+                            help="seconds ahead it looks for bursts to claim early (default: "
+                                 "CRON_AT_SCALE['PRELOAD'], 60; 0: off)")
         parser.add_argument("--name", type=_name, help="this dispatcher's name in locked_by (default host:pid)")
         parser.add_argument("--shards", default="auto", choices=["auto", "all"],
                             help="auto: share the 64 shards with the other dispatchers through leases "
@@ -85,7 +92,7 @@ class Command(BaseCommand):
         try:
             dispatcher = Dispatcher(name=opts["name"], batch_size=opts["batch_size"],
                                     poll_interval=opts["poll_interval"], lease=opts["lease"], shards=opts["shards"],
-                                    eta_lead=opts["eta_lead"])
+                                    eta_lead=opts["eta_lead"], preload=opts["preload"])
         except Exception as e:  # a broken configuration, said plainly
             text = str(e)
             if opts["lease"] is not None and "DISPATCH_LEASE" in text:  # the value came from this flag
