@@ -13,7 +13,6 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import replace
 
 from django.core.exceptions import ImproperlyConfigured
 from django.db import InterfaceError, OperationalError, transaction
@@ -174,9 +173,9 @@ class Dispatcher:
                 if at <= mono:
                     due.append(run)
                 elif at - self.eta_lead <= mono:
-                    due.append(replace(run, eta=run.fire_at))
-                else:
-                    later.append((at - self.eta_lead, run))
+                    due.append(run.with_eta())
+                else:  # the eta set now, while the burst is still ahead, not when it comes due
+                    later.append((at - self.eta_lead, run.with_eta() if self.eta_lead else run))
             self.held.hold(later)
             self._publish(due, wait)
             log.info("dispatcher %s claimed %d jobs (%d held for their fire_at); first job %s", self.name,
@@ -188,9 +187,12 @@ class Dispatcher:
         """Publish the held runs whose time has come (all up to ``until``, a monotonic time)."""
         until = time.monotonic() if until is None else until
         due = self.held.pop_due(until)
-        if self.eta_lead:
-            due = [replace(run, eta=run.fire_at) for run in due]
-        self._publish(due, wait)
+        # a pre-loaded burst comes due at once: sent a batch at a time, so that one pipeline to the
+        # broker stays a batch's size and the sender's queue bounds what waits in it
+        for i in range(0, len(due), self.batch_size):
+            self._publish(due[i:i + self.batch_size], wait=False)
+        if wait:
+            self.sender.wait()
         return len(due)
 
     def _publish(self, runs: list[Claimed], wait: bool = True) -> None:

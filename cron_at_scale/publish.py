@@ -90,6 +90,13 @@ class Claimed:
                    row.schedule_type, row.cron_expr, row.timezone, row.task, payload, row.queue, options, occurrence)
 
 
+    def with_eta(self) -> Claimed:
+        """This run published ahead of its ``fire_at``: Celery's eta set to it (``replace`` costs
+        ~14 µs a run, a burst's hundred thousand runs 1.4 s)."""
+        return Claimed(self.job_id, self.attempt, self.fire_at, self.schedule_type, self.cron_expr, self.timezone,
+                       self.task, self.payload, self.queue, self.options, self.occurrence, self.fire_at)
+
+
 def header(c: Claimed) -> dict:
     """The ``cron_at_scale`` message header: which run this is. ``fire_at``: when it was due;
     ``occurrence``: the schedule's nominal time of a recurring run (``fire_at`` without jitter)."""
@@ -106,6 +113,7 @@ class Publisher:
         self._routes: dict[tuple[str, str], str | None] = {}
         self._declared: set[str] = set()
         self._templates: dict[tuple, list[str]] = {}
+        self._times: dict[datetime, str] = {}  # a time as JSON text, for the runs of a burst
         self.origin = f"gen{os.getpid()}@{socket.gethostname()}"
         self._amqp: AmqpPublisher | None = None  # the RabbitMQ fast path (publish_amqp.AmqpPublisher), made on first use
 
@@ -253,15 +261,25 @@ class Publisher:
         template = self._templates.get(key)
         if template is None:
             template = self._templates[key] = self._template(c.task, target, priority, c.eta is not None)
-        task_id = json.dumps(task_id_for(c.job_id, c.attempt))
+        # JSON written by hand where json.dumps would give the same text: a UUID, an int, an
+        # ISO 8601 time and base64 need no escaping (a burst's runs share their times: cached)
+        job_id = str(c.job_id)
+        task_id = f'"{job_id}:{c.attempt}"'
+        times = self._times
+        fire_at = times.get(c.fire_at) or times.setdefault(c.fire_at, f'"{c.fire_at.isoformat()}"')
+        occurrence = c.occurrence or c.fire_at
+        occ = times.get(occurrence) or times.setdefault(occurrence, f'"{occurrence.isoformat()}"')
+        if len(times) > 4096:
+            times.clear()
         values = {
-            "body": json.dumps(base64.b64encode(json.dumps([args, kwargs, _EMBED]).encode()).decode()),
+            "body": '"' + base64.b64encode(json.dumps([args, kwargs, _EMBED]).encode()).decode() + '"',
             "id": task_id,
             "argsrepr": json.dumps(repr(args or ())[:_REPR_MAX]),
-            "kwargsrepr": json.dumps(repr(kwargs)[:_REPR_MAX]),
-            "header": json.dumps(header(c)),
-            "tag": json.dumps(str(uuid.uuid4())),
-            "eta": json.dumps(c.eta.isoformat()) if c.eta is not None else "null",
+            "kwargsrepr": '"{}"' if not kwargs else json.dumps(repr(kwargs)[:_REPR_MAX]),
+            "header": f'{{"job_id": "{job_id}", "attempt": {int(c.attempt)}, "fire_at": {fire_at}, "occurrence": {occ}}}',
+            "tag": f'"{uuid.uuid4()}"',
+            "eta": (times.get(c.eta) or times.setdefault(c.eta, f'"{c.eta.isoformat()}"')) if c.eta is not None
+            else "null",
         }
         out = [template[0]]
         for i in range(1, len(template), 2):
