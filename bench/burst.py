@@ -25,6 +25,10 @@ preload   ``--jobs`` (100,000) recurring jobs at one instant, the dispatcher pre
 midnight  ``--jobs`` recurring jobs at one instant with one dispatcher, then two sharing the
           shards: time until all are on the broker, lateness p50/p99/max (the i-th message's
           arrival minus the instant), memory.
+w3        ``--future`` (10M) pending recurring jobs (daily and hourly expressions in the 20 zones,
+          due within 30 days, loaded by ``INSERT ... SELECT``), and ``--due`` (10,000) recurring
+          jobs due at one instant fired beside them by the in-process firing path (claim +
+          publish) against an empty table, best of 3 each.
 
 Services: ``DATABASE_URL`` / ``CELERY_BROKER_URL`` (Redis) when set, embedded ones otherwise. It
 TRUNCATEs the job tables of that database. Prints a table on stderr and one JSON line on stdout
@@ -35,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
@@ -44,7 +47,7 @@ from pathlib import Path
 from zoneinfo import ZoneInfo
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from run import ROOT, Bench, cpu_ms_per, cpu_text, say  # noqa: E402
+from run import ROOT, UUID7_SQL, Bench, cpu_ms_per, cpu_text, say  # noqa: E402
 
 ZONES = ["UTC", "Europe/London", "Europe/Paris", "Europe/Berlin", "Europe/Moscow", "Asia/Kolkata", "Asia/Tokyo",
          "Asia/Shanghai", "Australia/Sydney", "America/New_York", "America/Chicago", "America/Denver",
@@ -118,11 +121,13 @@ class Burst(Bench):
         super().stop()
         self.dispatchers = []
 
-    def schedule(self, specs: list[dict], kind: str) -> None:
+    def schedule(self, specs: list[dict], kind: str) -> list:
         t0 = time.monotonic()
+        jobs = []
         for i in range(0, len(specs), 50_000):
-            self.cron_at_scale.schedule_many(specs[i:i + 50_000])
+            jobs += self.cron_at_scale.schedule_many(specs[i:i + 50_000])
         self.schedule_rate[kind] = len(specs) / (time.monotonic() - t0)  # the next instant's margin
+        return jobs
 
     def instant(self, n: int, kind: str) -> datetime:
         """An instant far enough ahead that ``n`` jobs of ``kind`` are scheduled before it."""
@@ -247,6 +252,54 @@ class Burst(Bench):
         self.stop()
         return r
 
+    def w3(self) -> dict:
+        a = self.args
+        out: dict = {"future": a.future, "due": a.due}
+
+        def fire_due() -> float:
+            at = self.instant(a.due, "cron")
+            ids = [str(j.id) for j in self.schedule(cron_specs(a.due, at), "cron")]
+            while time.time() < at.timestamp() + 0.05:
+                time.sleep(0.02)
+            n, secs = self.fire_in_process(a.due)
+            self.redis.delete("celery")
+            self.q("DELETE FROM cron_at_scale_jobattempt WHERE job_id = ANY(%s::uuid[])", [ids])
+            self.q("DELETE FROM cron_at_scale_job WHERE id = ANY(%s::uuid[])", [ids])
+            return n / secs
+
+        self.reset()
+        empty = [fire_due() for _ in range(3)]
+        out["empty_jobs_per_s"] = round(max(empty), 1)
+        say(f"w3: {a.due} recurring due, empty table   {max(empty):,.0f} jobs/s (best of 3: "
+            f"{', '.join(f'{x:,.0f}' for x in empty)})")
+        t0 = time.perf_counter()
+        zones = "ARRAY[" + ",".join(f"'{z}'" for z in ZONES) + "]"
+        for start in range(0, a.future, 1_000_000):
+            chunk = min(1_000_000, a.future - start)
+            self.q(f"""INSERT INTO cron_at_scale_job (id, schedule_type, fire_at, occurrence_at, cron_expr, timezone,
+                                                     task, payload, options)
+                       SELECT {UUID7_SQL}, 'cron', f, f,
+                              CASE WHEN i %% 2 = 0 THEN format('%%s %%s * * *', i %% 60, (i / 60) %% 24)
+                                   ELSE format('%%s * * * *', i %% 60) END,
+                              ({zones})[1 + i %% 20], %s, jsonb_build_object('args', jsonb_build_array(i),
+                              'kwargs', '{{}}'::jsonb), '{{}}'
+                       FROM generate_series(%s, %s) AS i,
+                            LATERAL (SELECT statement_timestamp() + interval '1 day'
+                                            + make_interval(secs => (i %% 2592000))) AS t(f)""",
+                   [TASK, start, start + chunk - 1])
+            say(f"  {start + chunk:,} future recurring jobs ({time.perf_counter() - t0:.0f}s)")
+        self.q("VACUUM ANALYZE cron_at_scale_job")
+        (total,), = self.q("SELECT count(*) FROM cron_at_scale_job WHERE schedule_type <> 'once'")
+        out["rows"] = total
+        out["load_seconds"] = round(time.perf_counter() - t0, 1)
+        full = [fire_due() for _ in range(3)]
+        out["full_jobs_per_s"] = round(max(full), 1)
+        out["ratio"] = round(max(full) / max(empty), 3)
+        say(f"w3: {a.due} recurring due beside {total:,} recurring   {max(full):,.0f} jobs/s (best of 3: "
+            f"{', '.join(f'{x:,.0f}' for x in full)}) = {out['ratio']:.2f} x empty")
+        self.reset()
+        return out
+
     def midnight(self) -> dict:
         a = self.args
         out = {}
@@ -263,13 +316,15 @@ class Burst(Bench):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--only", default="rate,preload", help="comma-separated among rate,preload,midnight")
+    p.add_argument("--only", default="rate,preload", help="comma-separated among rate,preload,midnight,w3")
     p.add_argument("--sizes", default="10000,100000", help="rate: burst sizes, comma-separated")
     p.add_argument("--turns", type=int, default=2, help="rate: rounds of one-off and recurring in turn")
     p.add_argument("--jobs", type=int, default=100_000, help="preload and midnight: recurring jobs at the instant")
     p.add_argument("--preload", type=float, default=60.0, help="preload and midnight: the dispatcher's --preload")
     p.add_argument("--eta-lead", type=float, default=None, help="the dispatcher's --eta-lead (default the setting's, 1 s)")
     p.add_argument("--max-held", type=int, default=200_000, help="PRELOAD_MAX_RUNS of the dispatchers")
+    p.add_argument("--future", type=int, default=10_000_000, help="w3: pending recurring jobs beside the due ones")
+    p.add_argument("--due", type=int, default=10_000, help="w3: recurring jobs due at one instant, fired beside them")
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--out", help="also write the JSON line to this file")
     args = p.parse_args(argv)
