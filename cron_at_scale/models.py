@@ -205,6 +205,9 @@ class JobAttempt(models.Model):
     # Runs of this attempt's occurrence lost while running, before this attempt: the reaper's
     # re-fire limit, carried from attempt to attempt (the older rows may be trimmed away).
     occurrence_losses = models.IntegerField(db_default=0)
+    # Runs of this attempt's occurrence lost before any worker started them, since the last one that
+    # started: the re-fire's dispatch lease doubles per loss (carried like occurrence_losses).
+    dispatch_losses = models.IntegerField(db_default=0)
 
     class Meta:
         constraints = [

@@ -457,7 +457,8 @@ SET outcome = 'lost', finished_at = statement_timestamp(),
                  ELSE 'lease expired while running: the worker died' END
 FROM expired
 WHERE a.id = expired.id
-RETURNING a.job_id, a.attempt, a.scheduled_at, a.started_at IS NOT NULL AS started, a.occurrence_losses;
+RETURNING a.job_id, a.attempt, a.scheduled_at, a.started_at IS NOT NULL AS started, a.occurrence_losses,
+          a.dispatch_losses;
 
 -- name: reap_once
 -- One-off jobs of lost attempts go back to pending, to fire again at once with
@@ -487,6 +488,10 @@ RETURNING j.id, j.status, j.attempts, j.task;
 -- %(losses)s: runs of the occurrence lost while running, this one included,
 -- carried on the attempt rows (occurrence_losses) rather than counted: a count
 -- would read every attempt of the job, and the history trim deletes old ones.
+-- %(dispatch_losses)s: runs of the occurrence lost before any worker started them, since
+-- the last one that started, this one included (carried the same way): the re-fire's
+-- dispatch lease doubles per such loss, up to x16, as a one-off job's claim does, so
+-- re-fires of a backlog do not outrun the workers.
 WITH j AS (
     UPDATE cron_at_scale_job AS j
     SET attempts = j.attempts + 1,
@@ -497,10 +502,11 @@ WITH j AS (
     RETURNING j.id, j.attempts, j.schedule_type, j.cron_expr, j.timezone, j.task, j.payload, j.queue, j.options
 ), logged AS (
     INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome,
-                                          occurrence_losses)
+                                          occurrence_losses, dispatch_losses)
     SELECT id, attempts, %(scheduled_at)s, statement_timestamp(),
-           GREATEST(statement_timestamp(), %(scheduled_at)s) + make_interval(secs => %(lease)s), 'dispatched',
-           %(losses)s
+           GREATEST(statement_timestamp(), %(scheduled_at)s) + make_interval(secs => %(lease)s
+           * power(2, LEAST(4, %(dispatch_losses)s))), 'dispatched',
+           %(losses)s, %(dispatch_losses)s
     FROM j
 )
 SELECT id, attempts, %(scheduled_at)s::timestamptz AS fire_at, schedule_type, cron_expr, timezone, task, payload,

@@ -36,7 +36,8 @@ class Reaper:
 
     ``publish(runs)``: sends the re-fired cron runs (the dispatcher's sender)
     and returns once they are out; ``app``: the Celery app whose DLQ hears of
-    failed jobs; ``lease``: seconds of dispatch lease of a re-fired run;
+    failed jobs; ``lease``: seconds of dispatch lease of a re-fired run (x2 per earlier loss of its
+    occurrence before any worker started it, up to x16);
     ``batch_size``: expired attempts handled per pass; ``interval``: seconds
     between passes (default ``REAPER_INTERVAL``); ``max_lost``: lost attempts
     after which a one-off job fails (default ``MAX_LOST_ATTEMPTS``).
@@ -82,6 +83,8 @@ class Reaper:
                     continue
                 rows = db.run("refire_cron", {"job_id": r.job_id, "scheduled_at": r.scheduled_at, "started": r.started,
                                               "losses": r.occurrence_losses + (1 if r.started else 0),
+                                              # a start resets it: a run lost while running was not the queue's
+                                              "dispatch_losses": 0 if r.started else r.dispatch_losses + 1,
                                               "max_lost": self.max_lost, "lease": self.lease}, retries=0)
                 # a run fired again past its expiry is recorded skipped, never published
                 refire += expiry.drop_expired([Claimed.from_row(r) for r in rows], rows[0].db_now) if rows else []

@@ -104,6 +104,42 @@ def test_a_lost_cron_run_fires_again_for_the_same_occurrence(dispatcher):
     assert row.status == "pending" and row.fire_at > scheduled  # the schedule moved on regardless
 
 
+def test_a_recurring_run_lost_before_any_start_fires_again_with_a_longer_lease_until_one_starts(dispatcher):
+    # A burst of cron runs on a slow fleet: each re-fire of an occurrence that nobody started waits
+    # twice as long as the last (up to 16x), so re-fires do not outrun the workers. A run of it that
+    # started and was lost is the worker's loss, not the queue's: the plain lease again.
+    job = cron_at_scale.schedule(noop, cron="0 0 1 1 *")
+    sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - interval '1 second', occurrence_at = "
+        "statement_timestamp() - interval '1 second'")
+
+    def lease() -> int:
+        (seconds,), = sql("SELECT extract(epoch FROM locked_until - GREATEST(dispatched_at, scheduled_at)) "
+                          "FROM cron_at_scale_jobattempt WHERE finished_at IS NULL")
+        return round(float(seconds))
+
+    dispatcher.claim()  # attempt 1
+    leases = [lease()]
+    for _ in range(6):
+        expire_leases(started=False)  # lost in the queue
+        assert dispatcher.reap() == 1
+        leases.append(lease())
+    assert leases == [30, 60, 120, 240, 480, 480, 480]
+    assert _start(job.id, 7) == ("running", 7)  # a worker starts attempt 7, then dies
+    sql("UPDATE cron_at_scale_jobattempt SET locked_until = statement_timestamp() - interval '1 second' "
+        "WHERE finished_at IS NULL")
+    assert dispatcher.reap() == 1
+    assert lease() == 30
+    expire_leases(started=False)
+    assert dispatcher.reap() == 1
+    assert lease() == 60
+    assert sql("SELECT count(DISTINCT scheduled_at) FROM cron_at_scale_jobattempt") == [(1,)]  # one occurrence
+    assert [c.attempt for c in dispatcher.published] == list(range(2, 10))
+    assert list(JobAttempt.objects.filter(job_id=job.id).order_by("attempt")
+                .values_list("dispatch_losses", "occurrence_losses")) == [
+        (0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (5, 0), (6, 0), (0, 1), (1, 1)]
+    assert Job.objects.get(id=job.id).lost_attempts == 1  # only the started run counts toward MAX_LOST_ATTEMPTS
+
+
 def test_a_cancelled_cron_jobs_lost_run_is_not_fired_again(dispatcher):
     job = cron_at_scale.schedule(noop, cron="0 0 1 1 *")
     sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - interval '1 second', occurrence_at = "
