@@ -39,18 +39,20 @@ def reach(counts: Iterable[tuple[int, int]], *, rate: float, lead: float, margin
     claimed; ``lead``: the ETA lead (seconds before ``fire_at`` a run is published); ``margin``:
     seconds to spare (the time to the next look, and some); ``room``: runs that may still be held.
     The end of second *k* is reached when claiming what falls due by then would take at least
-    ``MIN_CLAIM_TIME`` and not end ``lead + margin`` before it; never past ``room`` runs.
+    ``MIN_CLAIM_TIME`` and not end ``lead + margin`` before it. At most ``room`` runs count: of a
+    burst larger than that, the first ``room`` (the claim stops pre-loading once it holds them).
     """
     total = 0
     out = base
     for second, n in counts:
-        if total + n > room:
-            break
-        total += n
+        full = total + n > room  # only part of this second fits: claim that part (earliest first)
+        total = min(room, total + n)
         end = second + 1.0
         need = total / rate
         if need >= MIN_CLAIM_TIME and need + lead + margin >= end:
             out = max(out, end)
+        if full:
+            break
     return out
 
 
