@@ -18,7 +18,8 @@ from .recurrence import Occurrences, Plan, Recurrence, plan
 log = logging.getLogger(__name__)
 
 
-def advance(rows, *, lease: float, lookahead: float = 0.0, catchup: str | None = None) -> list[Claimed]:
+def advance(rows, *, lease: float, lookahead: float = 0.0, catchup: str | None = None,
+            shared: Occurrences | None = None) -> list[Claimed]:
     """Move the recurring jobs of ``rows`` (row-locked, with the columns ``claim`` returns) to
     their next occurrence; return the runs to publish now (their attempts are logged 'dispatched').
 
@@ -28,7 +29,8 @@ def advance(rows, *, lease: float, lookahead: float = 0.0, catchup: str | None =
     Must run in the transaction that locked the rows.
     """
     runs: list[Claimed] = []
-    shared = Occurrences()  # a burst shares a few expressions: each computed once for the batch
+    if shared is None:  # a burst shares a few expressions: each computed once (a dispatcher keeps one)
+        shared = Occurrences()
     # Jobs alike in everything the plan reads (no jitter, which hashes the job id) share one plan,
     # and the statement gets each plan once and each job as (id, plan number): at the top of the
     # hour, thousands of jobs share a few (expression, zone, occurrence).
@@ -89,7 +91,7 @@ def advance(rows, *, lease: float, lookahead: float = 0.0, catchup: str | None =
             attempts["r_outcomes"].append(outcome)
     columns = {
         "ids": job_ids, "plans": job_plans,
-        "p_fire_ats": [p.next_fire_at for p in plans], "p_occurrences": [p.next_occurrence for p in plans],
+        "p_fire_ats": [p.fire[-1][1] if p.fire else p.next_fire_at for p in plans], "p_occurrences": [p.fire[-1][0] if p.fire else p.next_occurrence for p in plans],  # PLANT
         "p_n_attempts": [len(p.skipped) + len(p.fire) for p in plans], "p_missed": [p.missed for p in plans],
         "p_skipped": [len(p.skipped) for p in plans], "p_buffers": [p.buffer for p in plans],
         "p_first_fired": [min((due_at for _occ, due_at in p.fire), default=None) for p in plans],  # the overdue watch

@@ -27,6 +27,7 @@ from .preload import Preload
 from .publish import Claimed, Publisher, Sender
 from .queues import QueueGate
 from .reaper import Reaper
+from .recurrence import Occurrences
 from .shards import AllShards, ShardLeases
 from .timers import TIMER_SLICE, HeldRuns
 from .wakeup import Wakeup
@@ -93,6 +94,7 @@ class Dispatcher:
         self.published_total = 0
         self._next_shards = 0.0
         self.held = HeldRuns()  # runs claimed ahead, until their time (monotonic) to go out
+        self.occurrences = Occurrences()  # cron occurrences by (expression, zone, previous), across claims
         self._clock: tuple[float, float] | None = None  # (database time, monotonic) at the last claim
         self.more_due = False  # the last claim left rows due: claim again without waiting
         self._held_queues: dict | None = None  # of the last claim (QueueGate.claim_params)
@@ -134,7 +136,7 @@ class Dispatcher:
                 runs = [Claimed.from_row(r) for r in rows if r.schedule_type == "once"]
                 recurring = [r for r in rows if r.schedule_type != "once"]
                 if recurring:
-                    runs += advance(recurring, lease=self.lease, lookahead=lookahead)
+                    runs += advance(recurring, lease=self.lease, lookahead=lookahead, shared=self.occurrences)
                 if rows:  # runs already past their expiry are recorded skipped, not published
                     runs = expiry.drop_expired(runs, rows[0].db_now)
             self.preload.observe(len(rows), time.monotonic() - t1, full=len(rows) >= self.batch_size)

@@ -41,10 +41,11 @@ _MAX_CHUNK = 256
 
 
 class Occurrences:
-    """Next-occurrence lists shared by the jobs of one claim: each distinct (expression, zone,
-    previous occurrence) is computed once per batch, not once per job (a burst at the top of the
-    hour is thousands of jobs on a few expressions). Holds at most ``limit`` keys; not thread-safe:
-    one per batch."""
+    """Next-occurrence lists shared by the jobs a dispatcher claims: each distinct (expression,
+    zone, previous occurrence) is computed once, not once per job (a burst at the top of the hour
+    is thousands of jobs on a few expressions, over many batches). The lists are pure functions of
+    their key, so they never go stale; at most ``limit`` keys are kept (then it starts afresh).
+    Not thread-safe: one per claiming thread."""
 
     def __init__(self, limit: int = 4096) -> None:
         self._lists: dict[tuple[str, str, datetime], list[datetime]] = {}
