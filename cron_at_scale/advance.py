@@ -91,7 +91,7 @@ def advance(rows, *, lease: float, lookahead: float = 0.0, catchup: str | None =
             attempts["r_outcomes"].append(outcome)
     columns = {
         "ids": job_ids, "plans": job_plans,
-        "p_fire_ats": [p.fire[-1][1] if p.fire else p.next_fire_at for p in plans], "p_occurrences": [p.fire[-1][0] if p.fire else p.next_occurrence for p in plans],  # PLANT
+        "p_fire_ats": [p.next_fire_at for p in plans], "p_occurrences": [p.next_occurrence for p in plans],
         "p_n_attempts": [len(p.skipped) + len(p.fire) for p in plans], "p_missed": [p.missed for p in plans],
         "p_skipped": [len(p.skipped) for p in plans], "p_buffers": [p.buffer for p in plans],
         "p_first_fired": [min((due_at for _occ, due_at in p.fire), default=None) for p in plans],  # the overdue watch
