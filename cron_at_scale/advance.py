@@ -38,6 +38,7 @@ def advance(rows, *, lease: float, lookahead: float = 0.0, catchup: str | None =
     plans: list[Plan] = []
     job_ids: list = []
     job_plans: list[int] = []
+    parked: list = []
     # Read after the claim locked the rows, in a statement of its own (see running_jobs).
     watched = [row.id for row in rows if row.overlap != "allow"]
     busy = {r.job_id for r in db.run("running_jobs", {"ids": db.array(watched)}, retries=0)} if watched else set()
@@ -68,7 +69,13 @@ def advance(rows, *, lease: float, lookahead: float = 0.0, catchup: str | None =
             p = plans[index]
         if (not p.fire and not p.skipped and not p.missed and p.next_fire_at == row.fire_at
                 and p.next_occurrence == row.occurrence_at and p.buffer == row.buffered_at):
-            continue  # not due yet, and undecided until it is (overlap): nothing to write
+            # Not due yet, and undecided until it is (an unfinished run, overlap skip/buffer_one):
+            # parked (locked_until = its fire_at) so that claims pass it by until then, rather than
+            # lock it again at every claim of the look-ahead (a pre-loaded burst would claim
+            # nothing else). A changed fire_at (reschedule, run now, a buffered run) unparks it.
+            if row.locked_until != row.fire_at:
+                parked.append(job_id)
+            continue
         job_ids.append(job_id)
         job_plans.append(index)
         if len(p.fire) == 1:
@@ -89,8 +96,10 @@ def advance(rows, *, lease: float, lookahead: float = 0.0, catchup: str | None =
             attempts["r_offsets"].append(k)
             attempts["r_scheduled"].append(due_at)
             attempts["r_outcomes"].append(outcome)
+    if not job_ids and not parked:
+        return runs
     columns = {
-        "ids": job_ids, "plans": job_plans,
+        "ids": job_ids, "plans": job_plans, "parked": parked,
         "p_fire_ats": [p.next_fire_at for p in plans], "p_occurrences": [p.next_occurrence for p in plans],
         "p_n_attempts": [len(p.skipped) + len(p.fire) for p in plans], "p_missed": [p.missed for p in plans],
         "p_skipped": [len(p.skipped) for p in plans], "p_buffers": [p.buffer for p in plans],

@@ -51,6 +51,8 @@ WITH due AS (
         WHERE status = 'pending' AND shard = s.shard
           AND fire_at >= COALESCE(s.floor, '-infinity')
           AND fire_at <= statement_timestamp() + make_interval(secs => %(lookahead)s)
+          -- a recurring job parked until its fire_at (advance_recurring): its overlap is decided then
+          AND (locked_until IS DISTINCT FROM fire_at OR fire_at <= statement_timestamp())
           AND NOT (queue = ANY(%(held_queues)s::text[])
                    OR (queue = '' AND %(held_blank)s <> (task = ANY(%(blank_tasks)s::text[]))))
         ORDER BY fire_at
@@ -88,7 +90,7 @@ WITH due AS (
 )
 SELECT c.id, c.attempts, c.fire_at, c.schedule_type, c.cron_expr, c.timezone, c.task, c.payload, c.queue,
        c.options, c.interval, c.occurrence_at, c.catchup, c.catchup_window, c.overlap, c.jitter, c.buffered_at,
-       c.shard, statement_timestamp() AS db_now,
+       c.locked_until, c.shard, statement_timestamp() AS db_now,
        -- the database clock as the rows leave (the last row's: the statement's end), which the
        -- dispatcher pairs with its own clock when the rows arrive, to send held runs on time
        clock_timestamp() AS db_clock
@@ -157,7 +159,12 @@ WHERE job_id = ANY(%(ids)s::uuid[]) AND finished_at IS NULL;
 -- Sent as each job's (id, plan number) and each distinct plan once (jobs alike share one,
 -- cron_at_scale.advance): its new columns, and its attempts as offsets from the job's counter
 -- before this claim (the skipped first, then the fired), which the job's own row gives.
-WITH v AS (
+-- %(parked)s: jobs not due yet whose overlap is decided when they are: locked_until = fire_at,
+-- which the claim passes by until that time (a plain write: no indexed column changes).
+WITH parked AS (
+    UPDATE cron_at_scale_job SET locked_until = fire_at
+    WHERE id = ANY(%(parked)s::uuid[]) AND schedule_type <> 'once'
+), v AS (
     SELECT * FROM unnest(%(ids)s::uuid[], %(plans)s::int[]) AS v(id, plan)
 ), p AS (
     SELECT * FROM unnest(%(p_fire_ats)s::timestamptz[], %(p_occurrences)s::timestamptz[], %(p_n_attempts)s::int[],
@@ -173,6 +180,7 @@ WITH v AS (
         buffered_at = p.buffer,
         due_since = CASE WHEN p.first_fired IS NULL THEN j.due_since
                          ELSE COALESCE(j.due_since, LEAST(p.first_fired, GREATEST(j.fire_at, j.occurrence_at))) END,
+        locked_until = NULL,
         updated_at = statement_timestamp()
     FROM v JOIN p ON p.plan = v.plan + 1
     -- = ANY(...) too: a primary-key lookup per id, never a hash join over the whole table
@@ -671,7 +679,7 @@ DELETE FROM cron_at_scale_jobattempt WHERE id IN (
 -- no claim sees it half changed. The columns the claim returns (db_now: read after the
 -- lock, by db_now), so that the change can move it on as a claim would (advance_recurring).
 SELECT id, attempts, fire_at, schedule_type, cron_expr, timezone, task, payload, queue, options, interval,
-       occurrence_at, catchup, catchup_window, overlap, jitter, buffered_at, status,
+       occurrence_at, catchup, catchup_window, overlap, jitter, buffered_at, locked_until, status,
        NULL::timestamptz AS db_now
 FROM cron_at_scale_job
 WHERE id = %(job_id)s
