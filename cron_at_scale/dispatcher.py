@@ -178,8 +178,17 @@ class Dispatcher:
                     due.append(run.with_eta())
                 else:  # the eta set now, while the burst is still ahead, not when it comes due
                     later.append((at - self.eta_lead, run.with_eta() if self.eta_lead else run))
+            self._publish(due, wait=False)
+            if later:  # their messages built now, while they wait: at their time they are only sent
+                try:
+                    with self.sender.lock:
+                        runs = self.publisher.prepare([run for _at, run in later])
+                    later = [(at, run) for (at, _old), run in zip(later, runs, strict=True)]
+                except Exception:  # the broker away: built when sent instead
+                    log.warning("could not build the messages of %d held runs now", len(later), exc_info=True)
             self.held.hold(later)
-            self._publish(due, wait)
+            if wait:
+                self.sender.wait()
             log.info("dispatcher %s claimed %d jobs (%d held for their fire_at); first job %s", self.name,
                      len(batch), len(batch) - len(due), batch[0].job_id,
                      extra={"claimed": len(batch), "dispatcher": self.name, "first_job": str(batch[0].job_id)})

@@ -74,6 +74,8 @@ class Claimed:
     options: dict
     occurrence: datetime | None = None  # a recurring run's nominal occurrence (fire_at minus jitter)
     eta: datetime | None = None  # published before its fire_at (ETA_LEAD): Celery's eta, its fire_at
+    # (Redis list, message) built while the run was held (Publisher.prepare): at its time, only sent
+    envelope: tuple[str, str] | None = None
 
     @classmethod
     def from_row(cls, row, attempt: int | None = None, fire_at: datetime | None = None,
@@ -95,6 +97,11 @@ class Claimed:
         ~14 µs a run, a burst's hundred thousand runs 1.4 s)."""
         return Claimed(self.job_id, self.attempt, self.fire_at, self.schedule_type, self.cron_expr, self.timezone,
                        self.task, self.payload, self.queue, self.options, self.occurrence, self.fire_at)
+
+    def prepared(self, envelope: tuple[str, str]) -> Claimed:
+        """This run with its message built (``envelope``: the Redis list and the message)."""
+        return Claimed(self.job_id, self.attempt, self.fire_at, self.schedule_type, self.cron_expr, self.timezone,
+                       self.task, self.payload, self.queue, self.options, self.occurrence, self.eta, envelope)
 
 
 def header(c: Claimed) -> dict:
@@ -182,6 +189,8 @@ class Publisher:
                 target = self._redis_list(channel, c)
                 if target is None:
                     general.append(c)
+                elif c.envelope is not None and c.envelope[0] == target:
+                    lists[target].append(c.envelope[1])
                 else:
                     lists[target].append(self._envelope(c, target))
             if lists:
@@ -194,6 +203,20 @@ class Publisher:
         if general:
             self._send_tasks(general)
         return len(batch)
+
+    def prepare(self, runs: list[Claimed]) -> list[Claimed]:
+        """``runs`` with their Redis messages built now (``Claimed.envelope``), for runs held until
+        their time: a pre-loaded burst then only has to be sent when it comes due (building a
+        message is most of the publisher's ~20 µs a run). Other brokers: ``runs`` as they are.
+        The route is looked up again when sent: a run whose list changed meanwhile is built again."""
+        if self.kind != "redis":
+            return runs
+        channel = self._connection().default_channel
+        out = []
+        for c in runs:
+            target = self._redis_list(channel, c)
+            out.append(c if target is None else c.prepared((target, self._envelope(c, target))))
+        return out
 
     def _send_tasks(self, batch: list[Claimed]) -> None:
         with self.app.producer_or_acquire() as producer:
