@@ -18,7 +18,7 @@ DEFAULTS: dict[str, Any] = {
     # claims, for bursts (the top of the hour, midnight) too large to claim within LOOKAHEAD, and
     # claims them early enough that they go out at their instant. 0: off. Up to 600.
     "PRELOAD": 60.0,
-    # Runs a dispatcher holds at most for pre-loading (~1 KiB of memory each: see docs/concepts.md).
+    # Runs a dispatcher holds at most for pre-loading (~2.4 KiB of memory each: see docs/concepts.md).
     "PRELOAD_MAX_RUNS": 200_000,
     # A run held for its fire_at is published this many seconds before it, with Celery's eta
     # set to its fire_at: the worker holds it for the last moments and starts it on time
