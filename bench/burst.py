@@ -138,7 +138,7 @@ class Burst(Bench):
             ids = [str(j.id) for j in self.schedule((cron_specs if kind == "cron" else once_specs)(20_000, probe), kind)]
             self.q("DELETE FROM cron_at_scale_job WHERE id = ANY(%s::uuid[])", [ids])
         per_s = self.schedule_rate.get(kind, 2_000 if kind == "cron" else 8_000)
-        return (self.db_now() + timedelta(seconds=8 + 1.5 * n / per_s)).replace(microsecond=0)
+        return (self.db_now() + timedelta(seconds=8 + 2.5 * n / per_s)).replace(microsecond=0)
 
     def watch(self, n: int, at: datetime, timeout: float, side: bool = False, peak_of=()) -> dict:
         """Sample the broker until ``n`` messages are on the ``celery`` list (or ``timeout`` s after
