@@ -107,7 +107,8 @@ class Burst(Bench):
         self.stop()
         # no workers start anything: a dispatch lease longer than the run, or the reaper fires every
         # run again after 30 s (and measures itself, not the burst)
-        settings = {"HOLD_UNCONSUMED_QUEUES": False, "PRELOAD_MAX_RUNS": self.args.max_held, "DISPATCH_LEASE": 3600}
+        settings = {"HOLD_UNCONSUMED_QUEUES": False, "PRELOAD_MAX_RUNS": self.args.max_held, "DISPATCH_LEASE": 3600,
+                    "MAX_BROKER_DEPTH": 10_000_000}  # nor is a queue of a million messages held back as full
         if eta_lead is not None and eta_lead > 1.0:
             settings["LOOKAHEAD"] = eta_lead
         env = child_env(database_url(self.connection.settings_dict), self.broker_url,
@@ -138,7 +139,7 @@ class Burst(Bench):
             ids = [str(j.id) for j in self.schedule((cron_specs if kind == "cron" else once_specs)(20_000, probe), kind)]
             self.q("DELETE FROM cron_at_scale_job WHERE id = ANY(%s::uuid[])", [ids])
         per_s = self.schedule_rate.get(kind, 2_000 if kind == "cron" else 8_000)
-        return (self.db_now() + timedelta(seconds=8 + 2.5 * n / per_s)).replace(microsecond=0)
+        return (self.db_now() + timedelta(seconds=8 + 1.8 * n / per_s)).replace(microsecond=0)
 
     def watch(self, n: int, at: datetime, timeout: float, side: bool = False, peak_of=()) -> dict:
         """Sample the broker until ``n`` messages are on the ``celery`` list (or ``timeout`` s after
@@ -309,7 +310,7 @@ class Burst(Bench):
     def midnight(self) -> dict:
         a = self.args
         out = {}
-        for n_disp in (1, 2):
+        for n_disp in a.dispatchers:
             self.start(n=n_disp, preload=a.preload, eta_lead=a.eta_lead)
             r = self.one(a.jobs, "cron", preload=a.preload, eta_lead=a.eta_lead, timeout=120 + a.jobs / 1000)
             out[f"{n_disp}_dispatchers"] = r
@@ -328,6 +329,7 @@ def parse_args(argv=None):
     p.add_argument("--jobs", type=int, default=100_000, help="preload and midnight: recurring jobs at the instant")
     p.add_argument("--preload", type=float, default=60.0, help="preload and midnight: the dispatcher's --preload")
     p.add_argument("--eta-lead", type=float, default=None, help="the dispatcher's --eta-lead (default the setting's, 1 s)")
+    p.add_argument("--dispatchers", default="1,2", help="midnight: dispatcher counts to run, comma-separated")
     p.add_argument("--max-held", type=int, default=200_000, help="PRELOAD_MAX_RUNS of the dispatchers")
     p.add_argument("--future", type=int, default=10_000_000, help="w3: pending recurring jobs beside the due ones")
     p.add_argument("--due", type=int, default=10_000, help="w3: recurring jobs due at one instant, fired beside them")
@@ -335,6 +337,7 @@ def parse_args(argv=None):
     p.add_argument("--out", help="also write the JSON line to this file")
     args = p.parse_args(argv)
     args.sizes = [int(x) for x in args.sizes.split(",") if x]
+    args.dispatchers = [int(x) for x in args.dispatchers.split(",") if x]
     return args
 
 
