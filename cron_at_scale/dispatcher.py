@@ -66,7 +66,7 @@ class Dispatcher:
                                      "ETA_LEAD": self.eta_lead})
         if found:  # the arguments given here may contradict each other too
             raise ImproperlyConfigured("; ".join(found))
-        # bursts seen coming are claimed early (cron_at_scale.preload); the claim's look-ahead is its
+        # bursts seen coming are claimed early (cron_at_scale.preload): the claim's look-ahead comes from it
         self.preload = Preload(float(conf.get("PRELOAD") if preload is None else preload),
                                int(conf.get("PRELOAD_MAX_RUNS")), base=self.lookahead, lead=self.eta_lead)
         self.max_broker_depth = int(conf.get("MAX_BROKER_DEPTH"))
@@ -118,8 +118,7 @@ class Dispatcher:
                 self._held_queues = held_queues
                 self.shards.floors.reset()
             shards = self.shards.claim_params()
-            # pre-loading stops at its bound of held runs (the ordinary look-ahead goes on)
-            lookahead = self.preload.lookahead() if len(self.held) < self.preload.max_runs else self.lookahead
+            lookahead = self.preload.lookahead(held=len(self.held))
             with transaction.atomic():
                 db.run("claim_settings", fetch="count", retries=0)
                 t1 = time.monotonic()

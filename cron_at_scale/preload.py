@@ -80,8 +80,11 @@ class Preload:
         if full and n and seconds > 0:
             self.rate = 0.7 * self.rate + 0.3 * (n / seconds)
 
-    def lookahead(self, now: float | None = None) -> float:
-        """Seconds ahead the next claim takes (``base``, or more while a burst is pre-loaded)."""
+    def lookahead(self, now: float | None = None, held: int = 0) -> float:
+        """Seconds ahead the next claim takes (``base``, or more while a burst is pre-loaded and
+        fewer than ``max_runs`` runs are ``held``: past its bound the ordinary look-ahead goes on)."""
+        if held >= self.max_runs:
+            return self.base
         now = time.monotonic() if now is None else now
         return max(self.base, self._until - now)
 

@@ -42,6 +42,7 @@ def test_a_decision_holds_until_its_time_has_passed():
     assert p.look([(9, 100_000)], held=0, now=100.0) == 10.0
     assert not p.due(100.5)
     assert p.lookahead(104.0) == 6.0  # the window counts down to its instant
+    assert p.lookahead(104.0, held=200_000) == 1.0  # at its bound of held runs: the ordinary look-ahead
     assert p.lookahead(200.0) == 1.0  # then back to the ordinary look-ahead
 
 
