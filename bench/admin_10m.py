@@ -17,7 +17,7 @@ client (median of 3 after a warm-up), with the number of SQL queries each.
 Part 2 (churn) fills ``--churn-db`` with ``--churn-rows`` jobs plus 10,000
 due ones, times the claim statement and the changelist, purges the finished
 jobs older than 3.5 days (about half the table) with
-``cron_at_scale.retention.purge``, runs a plain ``VACUUM`` and times them
+``cron_at_scale.maintenance.retention.purge``, runs a plain ``VACUUM`` and times them
 again. Prints a table and, last, one JSON line.
 """
 
@@ -244,7 +244,7 @@ def sizes() -> dict:
 
 
 def churn(rows: int) -> dict:
-    from cron_at_scale import retention
+    from cron_at_scale.maintenance import retention
 
     out = {"rows": rows, "generate_s": generate(rows, extra_due=10_000)}
     c = client()

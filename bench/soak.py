@@ -153,8 +153,9 @@ def feeder(args) -> int:
     import django
 
     django.setup()
-    import cron_at_scale
     from cron_at_scale.app import get_app
+
+    import cron_at_scale
 
     get_app().loader.import_default_modules()
     seconds = int(round(args.minutes * 60))

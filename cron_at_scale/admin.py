@@ -48,11 +48,10 @@ from django.urls import NoReverseMatch, path, reverse
 from django.utils.html import format_html, format_html_join
 
 import cron_at_scale
-
-from . import cron as cronlib
-from .exceptions import ValidationError
-from .models import LIVE_STATUSES, Job, JobAttempt, ScheduleType, Status
-from .status import planner_estimate, table_estimate
+from cron_at_scale import cron as cronlib
+from cron_at_scale.exceptions import ValidationError
+from cron_at_scale.models import LIVE_STATUSES, Job, JobAttempt, ScheduleType, Status
+from cron_at_scale.ops.status import planner_estimate, table_estimate
 
 EXACT_COUNT_LIMIT = 10_000  # results counted exactly up to here (bounded: LIMIT); beyond, the planner's estimate
 MAX_PAGES = 200  # deepest page offered: OFFSET 20,000 rows at 100 per page stays fast
@@ -133,7 +132,7 @@ class QueueFilter(_IndexedValueFilter):
 
 
 class OverdueFilter(admin.SimpleListFilter):
-    """Recurring jobs overdue now (:mod:`cron_at_scale.overdue`): the rule's ids (a walk of the
+    """Recurring jobs overdue now (:mod:`cron_at_scale.maintenance.overdue`): the rule's ids (a walk of the
     recurring jobs' partial index, at most ``MAX_ACTION_JOBS``), then a primary-key lookup."""
 
     title = "overdue"
@@ -145,7 +144,7 @@ class OverdueFilter(admin.SimpleListFilter):
     def queryset(self, request, queryset):
         if self.value() != "yes":
             return queryset
-        from .overdue import overdue_jobs
+        from cron_at_scale.maintenance.overdue import overdue_jobs
 
         jobs, _total = overdue_jobs(limit=MAX_ACTION_JOBS)
         return queryset.filter(id__in=[j.id for j in jobs])
@@ -223,7 +222,7 @@ class RescheduleForm(forms.ModelForm):
         data = super().clean()
         changes = self.changes()
         if changes and not self.errors:
-            from .scheduling import changed_job
+            from cron_at_scale.api.schedule import changed_job
 
             stored = Job.objects.get(pk=self.instance.pk)
             try:
@@ -451,7 +450,7 @@ class JobAdmin(admin.ModelAdmin):
 
         if not self.has_view_permission(request):
             raise PermissionDenied
-        from .views import dashboard_context
+        from cron_at_scale.views import dashboard_context
 
         context = {**self.admin_site.each_context(request), **dashboard_context(),
                    "opts": self.model._meta, "title": "Scheduler dashboard"}

@@ -9,4 +9,4 @@ class CronAtScaleConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self):
-        from . import checks  # noqa: F401 (registers the system checks)
+        from cron_at_scale import checks  # noqa: F401 (registers the system checks)

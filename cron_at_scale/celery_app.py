@@ -9,7 +9,7 @@ from celery import Celery
 from celery.app import app_or_default
 from celery.utils.imports import symbol_by_name
 
-from . import conf
+from cron_at_scale import conf
 
 
 @lru_cache(maxsize=1)

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from django.core.checks import Error, Warning, register
 
-from . import conf
-from .celery_app import pickle_problems, refuse_pickle  # noqa: F401 (refuse_pickle: its old home)
+from cron_at_scale import conf
+from cron_at_scale.celery_app import pickle_problems, refuse_pickle  # noqa: F401 (refuse_pickle: its old home)
 
 HINT_SETTINGS = "See the README's Settings table (cron_at_scale/conf.py has every default and unit)."
 
@@ -61,8 +61,8 @@ def check_database(app_configs=None, databases=None, **kwargs):
 
 @register()
 def check_celery(app_configs=None, **kwargs):
-    from .celery_app import get_app
-    from .worker import JobTask
+    from cron_at_scale.celery_app import get_app
+    from cron_at_scale.worker.task import JobTask
 
     if conf.problems():
         return []  # E001 already names the bad setting; the app may not even be loadable
@@ -121,8 +121,8 @@ _reading_tasks = False
 @register()
 def check_retry_options(app_configs=None, **kwargs):
     """cron_at_scale.E005 / W005: each task's Celery retry options, as a scheduled run reads them."""
-    from . import retry
-    from .celery_app import get_app
+    from cron_at_scale.celery_app import get_app
+    from cron_at_scale.policy import retry
 
     global _reading_tasks
     if conf.problems() or _reading_tasks:
@@ -151,8 +151,8 @@ def check_retry_options(app_configs=None, **kwargs):
 @register()
 def check_beat_schedule(app_configs=None, **kwargs):
     """cron_at_scale.W006: each ``beat_schedule`` entry the beat drop-in would not run, by name."""
-    from .beat import unmapped
-    from .celery_app import get_app
+    from cron_at_scale.beat.scheduler import unmapped
+    from cron_at_scale.celery_app import get_app
 
     if conf.problems():
         return []

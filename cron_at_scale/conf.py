@@ -14,7 +14,7 @@ DEFAULTS: dict[str, Any] = {
     # Jobs due within this many seconds are claimed early and published at their
     # fire_at from an in-memory timer: firing lag does not depend on the poll.
     "LOOKAHEAD": 1.0,
-    # Pre-loading (cron_at_scale.preload): a dispatcher looks this many seconds ahead, between
+    # Pre-loading (cron_at_scale.dispatcher.preload): a dispatcher looks this many seconds ahead, between
     # claims, for bursts (the top of the hour, midnight) too large to claim within LOOKAHEAD, and
     # claims them early enough that they go out at their instant. 0: off. Up to 600.
     "PRELOAD": 60.0,
@@ -66,11 +66,11 @@ DEFAULTS: dict[str, Any] = {
     # deleted by the dispatchers, in small batches; None keeps them (cron_purge by hand).
     "RETENTION": None,
     # Seconds a recurring job's due occurrence may go without a successful run before the job is
-    # overdue (cron_at_scale.overdue), unless the job sets its own (schedule(..., grace=)).
+    # overdue (cron_at_scale.maintenance.overdue), unless the job sets its own (schedule(..., grace=)).
     # 300: the default catch-up window; a deploy or a restart is caught up within it, so
     # it does not page, while a job that stopped running does within minutes.
     "OVERDUE_GRACE": 300.0,
-    # Attempts kept per recurring job (cron_at_scale.history): older finished ones are deleted by
+    # Attempts kept per recurring job (cron_at_scale.maintenance.history): older finished ones are deleted by
     # the dispatchers in small batches. 1000: the admin shows 50; a per-second job keeps ~17 minutes,
     # a per-minute one ~17 hours. None keeps them all (a per-second job adds 86,400 rows a day).
     "HISTORY_PER_JOB": 1000,

@@ -31,7 +31,7 @@ except ImportError:  # Django 5.2 with the django-tasks backport
 
 from django.utils.module_loading import import_string
 
-from . import db
+from cron_at_scale import sql as db
 
 TASK_MIN_PRIORITY, TASK_MAX_PRIORITY = -100, 100
 
@@ -44,7 +44,7 @@ def celery_priority(priority: int, lower_first: bool) -> int:
 
 
 def _broker_serves_low_first() -> bool:
-    from .celery_app import get_app
+    from cron_at_scale.celery_app import get_app
 
     with get_app().connection_for_write() as conn:
         return conn.transport.driver_type == "redis"
@@ -63,8 +63,8 @@ class CronAtScaleBackend(BaseTaskBackend):
         self.queues = set(params.get("QUEUES", [])) or set()  # any queue name: they are Celery queues
 
     def enqueue(self, task, args, kwargs):
-        from .scheduling import schedule
-        from .tasks import RUN_DJANGO_TASK
+        from cron_at_scale.api.schedule import schedule
+        from cron_at_scale.tasks import RUN_DJANGO_TASK
 
         self.validate_task(task)
         job = schedule(
@@ -78,7 +78,7 @@ class CronAtScaleBackend(BaseTaskBackend):
         return self._result(task, job, [])
 
     def get_result(self, result_id):
-        from .models import Job
+        from cron_at_scale.models import Job
 
         try:
             job = Job.objects.get(id=uuid.UUID(str(result_id)), task="cron_at_scale.run_django_task")
@@ -118,7 +118,7 @@ class CronAtScaleBackend(BaseTaskBackend):
 
 def execute(module_path: str, args: list, kwargs: dict):
     """Run the Django task at ``module_path`` inside a scheduled run; keep its JSON return value."""
-    from .worker import current_job
+    from cron_at_scale.worker.task import current_job
 
     task = import_string(module_path)
     if task.takes_context:

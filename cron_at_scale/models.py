@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from .ids import new_job_id
+from cron_at_scale.ids import new_job_id
 
 
 class Status(models.TextChoices):
@@ -106,10 +106,10 @@ class Job(models.Model):
     missed_occurrences = models.PositiveIntegerField(db_default=0)
     skipped_occurrences = models.PositiveIntegerField(db_default=0)
     # Runs skipped because they were not started within options["expires"] seconds of their
-    # scheduled time (cron_at_scale.expiry). No CHECK: adding one would scan the table under lock.
+    # scheduled time (cron_at_scale.policy.expiry). No CHECK: adding one would scan the table under lock.
     expired_runs = models.IntegerField(db_default=0)
     pause_note = models.TextField(blank=True, db_default="")
-    # "Has it run?" (cron_at_scale.overdue): NULL grace is the OVERDUE_GRACE setting's.
+    # "Has it run?" (cron_at_scale.maintenance.overdue): NULL grace is the OVERDUE_GRACE setting's.
     grace = models.FloatField(null=True, blank=True, help_text="Seconds an occurrence may go without a success "
                               "before the job is overdue (empty: the OVERDUE_GRACE setting).")
     last_success_at = models.DateTimeField(null=True, blank=True, help_text="When a run last succeeded (UTC).")
@@ -260,7 +260,7 @@ class DispatcherHeartbeat(models.Model):
 
 
 class WorkerHealth(models.Model):
-    """A Celery worker's main process, as its watchdog last reported it (cron_at_scale.worker_health).
+    """A Celery worker's main process, as its watchdog last reported it (cron_at_scale.worker.health).
 
     Written every ``WORKER_HEARTBEAT_INTERVAL`` seconds by the worker itself (database clock);
     ``cron_status`` and the metrics read it. ``state``: ``ok``, ``stuck`` (messages wait in its

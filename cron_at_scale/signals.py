@@ -1,6 +1,6 @@
 """Django signals of cron_at_scale, for a project's own alerting (connect a receiver in ``AppConfig.ready``).
 
-Both are sent by a dispatcher (:mod:`cron_at_scale.overdue`), from its process, with
+Both are sent by a dispatcher (:mod:`cron_at_scale.maintenance.overdue`), from its process, with
 ``sender`` the :class:`~cron_at_scale.models.Job` model, after the database recorded the
 change: once per overdue episode, whatever the number of dispatchers. A receiver that raises
 is logged and does not stop the dispatcher (``send_robust``); a slow one delays its loop.

@@ -13,6 +13,6 @@ def run_django_task(module_path: str, args: list, kwargs: dict):
 
     Its return value (JSON) is kept on the attempt, for ``get_result()``.
     """
-    from .django_tasks import execute
+    from cron_at_scale.django_tasks import execute
 
     return execute(module_path, args, kwargs)

@@ -3,7 +3,7 @@ lives in the admin (Jobs → Dashboard), under the admin's own login."""
 
 from django.urls import path
 
-from . import views
+from cron_at_scale import views
 
 app_name = "cron_at_scale"
 urlpatterns = [path("metrics", views.metrics, name="metrics")]

@@ -13,7 +13,7 @@ from typing import Any
 from django.http import HttpResponse
 from django.views.decorators.http import require_GET
 
-from .status import DEFAULT_WINDOW, recent_lags, snapshot
+from cron_at_scale.ops.status import DEFAULT_WINDOW, recent_lags, snapshot
 
 LAG_BARS = (0.01, 0.1, 0.5, 1, 5, 30, 60)  # seconds: the dashboard's lag histogram edges
 CHART_WIDTH = 420  # px of the longest bar
@@ -24,7 +24,7 @@ def metrics(request):
     """Every cron_at_scale metric in Prometheus' text format (database gauges computed now)."""
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    from . import metrics as metricslib
+    from cron_at_scale.ops import metrics as metricslib
 
     return HttpResponse(metricslib.render(), content_type=CONTENT_TYPE_LATEST)
 

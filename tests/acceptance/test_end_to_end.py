@@ -10,9 +10,9 @@ from demo.runner import wait_for_workers
 from helpers import sql, wait_until
 
 import cron_at_scale
+from cron_at_scale.broker.publish import publish_batch
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
-from cron_at_scale.publish import publish_batch
 
 pytestmark = pytest.mark.acceptance
 

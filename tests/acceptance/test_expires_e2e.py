@@ -69,8 +69,8 @@ def test_the_broker_message_carries_no_celery_expires(broker, transactional_db):
     """Expiry is judged by the start statement on the database clock. With Celery's own ``expires``
     in the message a worker would drop it by its own clock before the attempt log heard of it: the
     attempt would be reaped as lost and fired again, instead of recorded skipped."""
+    from cron_at_scale.broker.publish import Publisher
     from cron_at_scale.dispatcher import Dispatcher
-    from cron_at_scale.publish import Publisher
 
     conn = broker.connection_for_write()
     if conn.transport.driver_type != "redis":

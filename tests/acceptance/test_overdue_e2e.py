@@ -23,9 +23,9 @@ from helpers import sql, wait_until
 from kombu import Connection
 
 import cron_at_scale
-from cron_at_scale import metrics
+from cron_at_scale.maintenance.overdue import CHECK_INTERVAL
 from cron_at_scale.models import Job, JobAttempt
-from cron_at_scale.overdue import CHECK_INTERVAL
+from cron_at_scale.ops import metrics
 
 pytestmark = pytest.mark.acceptance
 

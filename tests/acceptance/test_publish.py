@@ -11,9 +11,9 @@ from demo.runner import wait_for_workers
 from helpers import wait_until
 
 import cron_at_scale
+from cron_at_scale.broker.publish import Publisher
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job
-from cron_at_scale.publish import Publisher
 
 pytestmark = pytest.mark.acceptance
 

@@ -17,10 +17,10 @@ from helpers import RABBIT_URL, rabbit_unreachable, sql, wait_until
 from kombu import Exchange, Queue
 
 import cron_at_scale
+from cron_at_scale.broker.amqp import NotConfirmed
+from cron_at_scale.broker.publish import Publisher
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
-from cron_at_scale.publish import Publisher
-from cron_at_scale.publish_amqp import NotConfirmed
 
 pytestmark = pytest.mark.acceptance
 

@@ -151,7 +151,7 @@ def test_selftest_checker_sees_a_double_execution_and_an_early_one(env):
 # After a Redis kill -9 and restart, Celery 5.7 / kombu 5.7 workers may keep running and consume
 # nothing, or exit ("'NoneType' object has no attribute 'hostname'" in kombu's restore_unacked). The
 # system must cope: a never-started attempt lost with Redis never counts toward MAX_LOST_ATTEMPTS, and
-# a worker that stopped consuming is seen by its watchdog (cron_at_scale.worker_health), which re-adds
+# a worker that stopped consuming is seen by its watchdog (cron_at_scale.worker.health), which re-adds
 # its consumers or exits with status 70; the test restarts exited workers, as a supervisor would.
 REDIS_RESTART = {**BASE, "WORKER_HEARTBEAT_INTERVAL": 1.0, "WORKER_STUCK_AFTER": 5.0}
 

@@ -98,7 +98,7 @@ def test_sync_creates_one_job_per_entry_and_reports_what_it_cannot_map():
     assert sorted(report.created) == ["poll", "report"] and not report.updated and not report.disabled
     reasons = dict(report.unsupported)
     assert "solar" in reasons["dawn"] and "not a registered Celery task" in reasons["ghost"]
-    assert report.warnings == []  # expires is mapped (cron_at_scale.expiry), not ignored
+    assert report.warnings == []  # expires is mapped (cron_at_scale.policy.expiry), not ignored
 
     jobs = live()
     assert set(jobs) == {"beat:report", "beat:poll"}

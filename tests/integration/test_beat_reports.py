@@ -13,9 +13,9 @@ from celery.schedules import crontab, schedule
 from django.core import checks
 from django.core.management import call_command
 
+from cron_at_scale.api.schedule import db_now
 from cron_at_scale.beat import sync_beat_schedule
 from cron_at_scale.models import Job
-from cron_at_scale.scheduling import db_now
 
 pytestmark = pytest.mark.django_db
 

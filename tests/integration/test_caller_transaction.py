@@ -8,9 +8,9 @@ import pytest
 from django.db import connection, transaction
 
 import cron_at_scale
+from cron_at_scale.broker.publish import HEADER, header
 from cron_at_scale.celery_app import get_app
 from cron_at_scale.dispatcher import Dispatcher
-from cron_at_scale.publish import HEADER, header
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -6,9 +6,9 @@ import pytest
 from celery.signals import task_failure, task_postrun, task_prerun, task_success
 
 import cron_at_scale
+from cron_at_scale.broker.publish import HEADER, header
 from cron_at_scale.celery_app import get_app
 from cron_at_scale.dispatcher import Dispatcher
-from cron_at_scale.publish import HEADER, header
 
 pytestmark = pytest.mark.django_db
 

@@ -136,8 +136,9 @@ def test_firing_lag_of_a_job_scheduled_at_a_past_time_counts_from_its_creation(m
     """A job scheduled ``at=`` a time long past is due at once; it was not late for 26 years."""
     from datetime import datetime, timezone
 
-    from cron_at_scale import status, worker
+    from cron_at_scale import worker
     from cron_at_scale.dispatcher import Dispatcher
+    from cron_at_scale.ops import status
 
     monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: len(batch))
     past = cron_at_scale.schedule(noop, at=datetime(2000, 1, 1, tzinfo=timezone.utc))

@@ -11,10 +11,10 @@ try:
 except ImportError:
     pytest.importorskip("django_tasks", reason="Django < 6 without the django-tasks backport")
 
+from cron_at_scale.broker.publish import HEADER, header
 from cron_at_scale.celery_app import get_app
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job
-from cron_at_scale.publish import HEADER, header
 
 pytestmark = pytest.mark.django_db
 

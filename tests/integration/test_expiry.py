@@ -1,4 +1,4 @@
-"""Celery's ``expires`` (cron_at_scale.expiry): a run not started within it of its scheduled time is
+"""Celery's ``expires`` (cron_at_scale.policy.expiry): a run not started within it of its scheduled time is
 skipped and counted, at the claim, at the worker's start and in the reaper; never run."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from helpers import sql
 
 import cron_at_scale
 from cron_at_scale import ValidationError, worker
+from cron_at_scale.api.schedule import db_now
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
-from cron_at_scale.scheduling import db_now
 
 pytestmark = pytest.mark.django_db
 

@@ -177,7 +177,7 @@ random_spec = st.fixed_dictionaries({}, optional={**junk_by_argument}).flatmap(
     else st.just(d))
 random_task = st.one_of(st.sampled_from(TASKS), nasty_text, anything,
                         st.sampled_from(["os.system", "builtins.eval", "celery.backend_cleanup", "demo.tasks",
-                                         "demo.tasks.noop ", "DEMO.TASKS.NOOP", "cron_at_scale.scheduling.schedule"]))
+                                         "demo.tasks.noop ", "DEMO.TASKS.NOOP", "cron_at_scale.api.schedule.schedule"]))
 
 
 @st.composite

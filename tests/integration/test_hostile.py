@@ -151,7 +151,7 @@ def test_registered_task_with_a_hostile_name_is_stored_verbatim(name, bystanders
         app.tasks.pop(name, None)
 
 
-UNREGISTERED = ["os.system", "subprocess.call", "builtins.eval", "cron_at_scale.scheduling.schedule",
+UNREGISTERED = ["os.system", "subprocess.call", "builtins.eval", "cron_at_scale.api.schedule.schedule",
                 "django.core.management.call_command", "demo.tasks", "demo.tasks.noop.delay", "demo.tasks.Noop",
                 "demo.tasks.noop ", " demo.tasks.noop", "demo.tasks.noop\n", "demo.tasks.missing",
                 "hostile_sentinel_module.boom", "__import__('os').system('id')", SQLI]

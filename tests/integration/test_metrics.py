@@ -12,7 +12,7 @@ from helpers import sql
 from prometheus_client.parser import text_string_to_metric_families
 
 import cron_at_scale
-from cron_at_scale import metrics
+from cron_at_scale.ops import metrics
 
 pytestmark = pytest.mark.django_db
 

@@ -18,14 +18,16 @@ from django.test import Client
 from helpers import sql
 
 import cron_at_scale
-from cron_at_scale import ValidationError, conf, history, metrics
-from cron_at_scale.completer import InlineCompleter
-from cron_at_scale.db import run as run_query
+from cron_at_scale import ValidationError, conf
 from cron_at_scale.dispatcher import Dispatcher
+from cron_at_scale.maintenance import history
+from cron_at_scale.maintenance.overdue import OverdueWatch, overdue_jobs
 from cron_at_scale.models import Job, JobAttempt
-from cron_at_scale.overdue import OverdueWatch, overdue_jobs
+from cron_at_scale.ops import metrics
+from cron_at_scale.ops.status import snapshot
 from cron_at_scale.signals import job_overdue, job_recovered
-from cron_at_scale.status import snapshot
+from cron_at_scale.sql import run as run_query
+from cron_at_scale.worker.attempts import InlineCompleter
 
 pytestmark = pytest.mark.django_db
 

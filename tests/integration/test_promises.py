@@ -14,9 +14,11 @@ from django.db import connection
 from helpers import sql
 
 import cron_at_scale
-from cron_at_scale import completer, conf, db, worker
+from cron_at_scale import conf, worker
+from cron_at_scale import sql as db
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
+from cron_at_scale.worker import attempts as completer
 
 pytestmark = pytest.mark.django_db
 
@@ -25,7 +27,7 @@ pytestmark = pytest.mark.django_db
 def dispatcher(monkeypatch):
     published = []
     monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: published.extend(batch) or len(batch))
-    monkeypatch.setattr("cron_at_scale.dlq.announce", lambda *a: None)
+    monkeypatch.setattr("cron_at_scale.broker.dlq.announce", lambda *a: None)
     d = Dispatcher(name="t", lease=30, lookahead=0)
     d.published = published
     return d

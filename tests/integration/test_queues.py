@@ -14,9 +14,9 @@ from helpers import sql
 from kombu import Queue
 
 import cron_at_scale
-from cron_at_scale import metrics, status
 from cron_at_scale.dispatcher import Dispatcher
-from cron_at_scale.queues import NO_CONSUMER, QueueGate, destination
+from cron_at_scale.dispatcher.backpressure import NO_CONSUMER, QueueGate, destination
+from cron_at_scale.ops import metrics, status
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -124,7 +124,7 @@ def test_an_empty_queue_column_is_held_by_the_route_of_its_task(broker):
 def test_a_full_queue_holds_its_jobs_and_the_others_keep_firing(broker):
     # "busy" holds 6 messages (over 5): full. "idle" is empty. Nobody consumes either, but
     # HOLD_UNCONSUMED_QUEUES is off here: depth alone decides.
-    from cron_at_scale.publish import publish_batch
+    from cron_at_scale.broker.publish import publish_batch
 
     filler = [cron_at_scale.schedule("demo.tasks.noop", queue="busy") for _ in range(6)]
     d = Dispatcher(name="d1", batch_size=100)

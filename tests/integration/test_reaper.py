@@ -19,7 +19,7 @@ def dispatcher(monkeypatch):
     published = []
     monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: published.extend(batch) or len(batch))
     announced = []
-    monkeypatch.setattr("cron_at_scale.dlq.announce", lambda *a: announced.append(a))
+    monkeypatch.setattr("cron_at_scale.broker.dlq.announce", lambda *a: announced.append(a))
     d = Dispatcher(name="t", lease=30)
     d.published, d.announced = published, announced
     return d
@@ -190,7 +190,7 @@ def test_cron_requeue_command(capsys):
 
 
 def test_worker_statements_are_prepared_and_survive_a_session_reset():
-    from cron_at_scale import db
+    from cron_at_scale import sql as db
 
     job = cron_at_scale.schedule(noop)
     Dispatcher(name="p").claim()
@@ -261,7 +261,7 @@ def test_a_late_message_never_takes_over_a_retry_waiting_for_its_backoff(dispatc
     dispatcher.reap()  # attempt 1 lost in the queue
     dispatcher.claim()
     assert _start(job.id, 2) == ("running", 2)  # attempt 2 ran, failed, and is retried
-    from cron_at_scale import db
+    from cron_at_scale import sql as db
 
     db.run("retry_attempt", {"job_id": str(job.id), "attempt": 2, "error": "e", "traceback": "", "delay": 0.0},
            fetch="count")
@@ -272,7 +272,7 @@ def test_a_late_message_never_takes_over_a_retry_waiting_for_its_backoff(dispatc
 
 @pytest.mark.django_db(transaction=True)  # autocommit, as in a worker: inside a transaction the error aborts it
 def test_worker_statements_are_prepared_again_when_the_session_lost_them():
-    from cron_at_scale import db
+    from cron_at_scale import sql as db
 
     job = cron_at_scale.schedule(noop)
     Dispatcher(name="p").claim()
@@ -288,7 +288,7 @@ def test_worker_statements_are_prepared_again_when_the_session_lost_them():
 def test_the_reaper_runs_on_its_own_interval_and_publishes_through_its_caller(dispatcher):
     """The reaper as a service of its own: a pass only once ``interval`` seconds have passed, and a lost
     cron run's new attempt goes out through the ``publish`` it was given."""
-    from cron_at_scale.reaper import Reaper
+    from cron_at_scale.maintenance.reaper import Reaper
 
     job = cron_at_scale.schedule(noop, cron="* * * * * *", overlap="allow")
     sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - interval '1 second', occurrence_at = "

@@ -10,9 +10,9 @@ from helpers import sql
 
 import cron_at_scale
 from cron_at_scale import ValidationError
-from cron_at_scale.db import run as run_query
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
+from cron_at_scale.sql import run as run_query
 
 pytestmark = pytest.mark.django_db
 

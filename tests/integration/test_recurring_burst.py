@@ -25,10 +25,10 @@ from helpers import sql, wait_until
 
 import cron_at_scale
 from cron_at_scale import cron
-from cron_at_scale.db import run as run_query
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
-from cron_at_scale.recurrence import Recurrence, plan
+from cron_at_scale.policy.recurrence import Recurrence, plan
+from cron_at_scale.sql import run as run_query
 
 pytestmark = pytest.mark.django_db
 
@@ -245,7 +245,7 @@ def test_a_burst_in_many_zones_and_expressions_gets_each_jobs_own_plan(monkeypat
     # The claims, in batches, recording what each locked (its rows carry the claim's database
     # time) and the look-ahead it planned with.
     claims: list[tuple[list, float, list]] = []
-    import cron_at_scale.dispatcher as dispatcher_module
+    import cron_at_scale.dispatcher.loop as dispatcher_module
 
     real_advance = dispatcher_module.advance
 

@@ -10,12 +10,13 @@ from demo.tasks import noop
 from helpers import sql
 
 import cron_at_scale
-from cron_at_scale import KeyConflict, ValidationError, db
-from cron_at_scale.advance import advance
+from cron_at_scale import KeyConflict, ValidationError
+from cron_at_scale import sql as db
+from cron_at_scale.api.schedule import db_now
 from cron_at_scale.cron import next_fire_time
 from cron_at_scale.dispatcher import Dispatcher
+from cron_at_scale.dispatcher.advance import advance
 from cron_at_scale.models import Job, JobAttempt
-from cron_at_scale.scheduling import db_now
 
 pytestmark = pytest.mark.django_db
 
@@ -445,8 +446,8 @@ def test_the_admin_resume_action_asks_what_to_do_with_missed_occurrences():
 
 
 def test_upsert_reschedules_in_place_and_replaces_a_job_changed_between_one_off_and_recurring():
+    from cron_at_scale.api.schedule import build_job
     from cron_at_scale.beat import upsert
-    from cron_at_scale.scheduling import build_job
 
     job = cron_at_scale.schedule(noop, every=1, key="beat:poll", overlap="allow")
     shift(job, 1)  # an occurrence of the old schedule due, not claimed yet

@@ -7,7 +7,7 @@ from demo.tasks import noop
 from helpers import sql
 
 import cron_at_scale
-from cron_at_scale import retention
+from cron_at_scale.maintenance import retention
 from cron_at_scale.models import Job, JobAttempt
 
 pytestmark = pytest.mark.django_db

@@ -16,7 +16,9 @@ from demo.tasks import noop
 from django.db import transaction
 
 import cron_at_scale
-from cron_at_scale import ValidationError, bulk, scheduling
+from cron_at_scale import ValidationError
+from cron_at_scale.api import bulk
+from cron_at_scale.api import schedule as scheduling
 from cron_at_scale.models import Job
 
 pytestmark = pytest.mark.django_db

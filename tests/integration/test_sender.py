@@ -8,9 +8,9 @@ import pytest
 from demo.tasks import noop
 
 import cron_at_scale
+from cron_at_scale.broker.publish import Publisher
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import JobAttempt
-from cron_at_scale.publish import Publisher
 
 pytestmark = pytest.mark.django_db
 
@@ -65,7 +65,7 @@ def test_a_batch_that_fails_for_half_its_lease_is_logged_and_the_next_ones_go_ou
 
     monkeypatch.setattr(Publisher, "publish", down_for_a_while)
     d = Dispatcher(name="s", shards="all", batch_size=100, app=broker, lease=1.0, lookahead=0)
-    with caplog.at_level(logging.ERROR, logger="cron_at_scale.publish"):
+    with caplog.at_level(logging.ERROR, logger="cron_at_scale.broker.publish"):
         while d.step(wait=False):
             pass
         d.close()

@@ -10,8 +10,8 @@ from helpers import sql
 
 import cron_at_scale
 from cron_at_scale.dispatcher import Dispatcher
+from cron_at_scale.dispatcher.wakeup import Wakeup
 from cron_at_scale.models import NUM_SHARDS, Job, ShardLease
-from cron_at_scale.wakeup import Wakeup
 
 pytestmark = pytest.mark.django_db
 

@@ -97,7 +97,7 @@ def test_the_claim_reads_no_backlog_of_shards_it_does_not_hold(monkeypatch):
     # index entries and rows, per poll, when the shards' due rows were filtered out of a fire_at walk).
     from django.db import connection
 
-    from cron_at_scale import db
+    from cron_at_scale import sql as db
     from cron_at_scale.dispatcher import Dispatcher
 
     _due_in_shards(87_000, 32, 63)

@@ -1,5 +1,5 @@
 """A Celery worker that consumes nothing while its queue holds messages is reported stuck, then
-recovers or exits for its supervisor; no job fails meanwhile (cron_at_scale.worker_health).
+recovers or exits for its supervisor; no job fails meanwhile (cron_at_scale.worker.health).
 
 The stuck consumer is made the way a broker restart leaves one: the process alive, its pool
 idle, its task consumer gone. Celery's public control API does exactly that
@@ -20,8 +20,8 @@ from django.core.management import call_command
 from django.test import override_settings
 from helpers import sql, wait_until
 
-from cron_at_scale import metrics
-from cron_at_scale.worker_health import EXIT_STATUS
+from cron_at_scale.ops import metrics
+from cron_at_scale.worker.health import EXIT_STATUS
 
 # S = 3 s, I = 0.5 s. Attempts lose their 1 s dispatch lease in the queue while nobody consumes;
 # with MAX_LOST_ATTEMPTS 2, counting them would fail every job.

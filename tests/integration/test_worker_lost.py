@@ -9,10 +9,10 @@ from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from demo import tasks as demo_tasks
 
 import cron_at_scale
-from cron_at_scale import db
+from cron_at_scale import sql as db
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
-from cron_at_scale.worker_lost import cause_of, record
+from cron_at_scale.worker.lost import cause_of, record
 
 pytestmark = pytest.mark.django_db
 

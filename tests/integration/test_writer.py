@@ -10,9 +10,11 @@ from django.db import connection, connections
 from helpers import sql, wait_until
 
 import cron_at_scale
-from cron_at_scale import completer, db, worker
+from cron_at_scale import sql as db
+from cron_at_scale import worker
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
+from cron_at_scale.worker import attempts as completer
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

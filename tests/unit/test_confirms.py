@@ -1,4 +1,4 @@
-"""Publisher-confirm bookkeeping of the RabbitMQ fast path (cron_at_scale.publish_amqp.Confirms).
+"""Publisher-confirm bookkeeping of the RabbitMQ fast path (cron_at_scale.broker.amqp.Confirms).
 
 RabbitMQ decides how it groups its acks (``multiple``) and in which order; these feed the
 sequences it may send, including ones a test broker will not produce on demand: out of order,
@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import pytest
 
-from cron_at_scale.publish_amqp import Confirms, NotConfirmed
+from cron_at_scale.broker.amqp import Confirms, NotConfirmed
 
 
 class Channel:

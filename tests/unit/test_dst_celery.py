@@ -1,4 +1,4 @@
-"""cron_at_scale.dst: where a crontab fires differently here than under Celery beat across DST,
+"""cron_at_scale.beat.dst: where a crontab fires differently here than under Celery beat across DST,
 checked against Celery's own ``crontab.is_due`` run as beat's loop would, minute by minute."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from celery import Celery
 from celery.schedules import crontab
 
+from cron_at_scale.beat.dst import differences, summary, transitions
 from cron_at_scale.cron import next_fire_times
-from cron_at_scale.dst import differences, summary, transitions
 
 ZONE = "Europe/Madrid"
 TZ = ZoneInfo(ZONE)

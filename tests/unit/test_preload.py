@@ -1,6 +1,6 @@
-"""The pre-loading decision (cron_at_scale.preload): how far ahead a dispatcher claims now."""
+"""The pre-loading decision (cron_at_scale.dispatcher.preload): how far ahead a dispatcher claims now."""
 
-from cron_at_scale.preload import MIN_CLAIM_TIME, Preload, reach
+from cron_at_scale.dispatcher.preload import MIN_CLAIM_TIME, Preload, reach
 
 KW = {"rate": 10_000.0, "lead": 1.0, "margin": 1.25, "base": 1.0, "room": 200_000}
 

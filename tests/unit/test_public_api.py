@@ -7,7 +7,8 @@ import inspect
 import pytest
 
 import cron_at_scale
-from cron_at_scale import scheduling, worker
+from cron_at_scale import worker
+from cron_at_scale.api import schedule as scheduling
 
 
 @pytest.mark.parametrize("name", ["schedule", "reschedule", "schedule_many", "cancel", "requeue", "pause",

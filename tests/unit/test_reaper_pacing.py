@@ -2,7 +2,7 @@
 
 import time
 
-from cron_at_scale.reaper import Reaper
+from cron_at_scale.maintenance.reaper import Reaper
 
 
 def test_a_slow_pass_spaces_out_the_next_one():

@@ -1,4 +1,4 @@
-"""Catch-up, overlap and jitter policies of recurring jobs (cron_at_scale.recurrence.plan)."""
+"""Catch-up, overlap and jitter policies of recurring jobs (cron_at_scale.policy.recurrence.plan)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cron_at_scale.recurrence import Recurrence, plan
+from cron_at_scale.policy.recurrence import Recurrence, plan
 
 T0 = datetime(2024, 3, 1, 12, 0, tzinfo=timezone.utc)
 MIN = timedelta(minutes=1)

@@ -1,4 +1,4 @@
-"""The retry policy's formulas and bounds (cron_at_scale.retry), beside Celery's own code."""
+"""The retry policy's formulas and bounds (cron_at_scale.policy.retry), beside Celery's own code."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from celery import Celery
 from celery.utils.time import get_exponential_backoff_interval
 
 from cron_at_scale.exceptions import RetryableError
-from cron_at_scale.retry import (
+from cron_at_scale.policy.retry import (
     DEFAULT_BACKOFF,
     RetryCall,
     backoff,

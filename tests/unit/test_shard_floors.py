@@ -3,7 +3,7 @@
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 
-from cron_at_scale.floors import ShardFloors
+from cron_at_scale.dispatcher.floors import ShardFloors
 
 NOW = datetime(2026, 3, 29, 1, 0, tzinfo=timezone.utc)
 

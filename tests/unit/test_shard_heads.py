@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cron_at_scale.shards import ShardHeads
+from cron_at_scale.dispatcher.shards import ShardHeads
 
 
 def test_the_share_starts_even_grows_for_a_backlogged_shard_and_comes_back():

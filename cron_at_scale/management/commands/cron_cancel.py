@@ -7,9 +7,8 @@ from django.db import DatabaseError
 
 import cron_at_scale
 from cron_at_scale import ValidationError
+from cron_at_scale.management.commands._cliutil import flag_error
 from cron_at_scale.models import Job
-
-from ._cliutil import flag_error
 
 
 class Command(BaseCommand):

@@ -99,7 +99,7 @@ class Command(BaseCommand):
                 text = text.replace("CRON_AT_SCALE['DISPATCH_LEASE']", "--lease")
             raise CommandError(f"cannot start the dispatcher: {text}") from e
         if opts["metrics_port"]:
-            from cron_at_scale import metrics
+            from cron_at_scale.ops import metrics
 
             metrics.serve(opts["metrics_port"])
         dispatcher.install_signal_handlers()

@@ -43,11 +43,11 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, transaction
 
 from cron_at_scale import cron as cronlib
-from cron_at_scale import db
+from cron_at_scale import sql as db
+from cron_at_scale.api.schedule import build_job, pause
 from cron_at_scale.beat import SyncReport, Unmappable, crontab_to_cron, upsert
 from cron_at_scale.exceptions import ValidationError
 from cron_at_scale.models import Job
-from cron_at_scale.scheduling import build_job, pause
 
 KEY_PREFIX = "django_celery_beat:"
 DISABLED_NOTE = "disabled in django-celery-beat"
@@ -80,7 +80,7 @@ def periodic_task_spec(pt, db_now) -> tuple[dict[str, Any], list[str]]:
         spec["queue"] = pt.queue
     if pt.priority is not None:
         spec["priority"] = pt.priority
-    if pt.expire_seconds:  # a per-message expiry: each run skipped if not started within it (cron_at_scale.expiry)
+    if pt.expire_seconds:  # a per-message expiry: each run skipped if not started within it (cron_at_scale.policy.expiry)
         spec["expires"] = pt.expire_seconds
     ignored = [n for n in ("exchange", "routing_key") if getattr(pt, n)]
     if pt.headers and _json(pt.headers, "headers", dict):

@@ -5,9 +5,8 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from cron_at_scale import retention
-
-from ._cliutil import duration, positive_int
+from cron_at_scale.maintenance import retention
+from cron_at_scale.management.commands._cliutil import duration, positive_int
 
 
 class Command(BaseCommand):

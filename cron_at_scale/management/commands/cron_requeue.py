@@ -8,9 +8,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from cron_at_scale import ValidationError
-from cron_at_scale.scheduling import requeue
-
-from ._cliutil import flag_error
+from cron_at_scale.api.schedule import requeue
+from cron_at_scale.management.commands._cliutil import flag_error
 
 
 def _aware(text: str) -> datetime:

@@ -9,8 +9,7 @@ from django.db import DatabaseError
 
 import cron_at_scale
 from cron_at_scale import KeyConflict, ValidationError
-
-from ._cliutil import aware_datetime, flag_error, json_of, seconds
+from cron_at_scale.management.commands._cliutil import aware_datetime, flag_error, json_of, seconds
 
 # schedule()'s argument names -> this command's (its errors name the argument at fault)
 FLAGS = {"task": "TASK", "args": "--args", "kwargs": "--kwargs", "at": "--at", "countdown": "--countdown",

@@ -7,9 +7,8 @@ import sys
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
-from cron_at_scale.status import COUNT_CAP, DEFAULT_WINDOW, StatusReport, snapshot
-
-from ._cliutil import seconds
+from cron_at_scale.management.commands._cliutil import seconds
+from cron_at_scale.ops.status import COUNT_CAP, DEFAULT_WINDOW, StatusReport, snapshot
 
 BEHIND_AFTER = 5.0  # seconds a due job may wait before the scheduler counts as behind
 OVERDUE_LISTED = 20  # overdue recurring jobs listed, most overdue first

@@ -1,0 +1,24 @@
+"""The drop-in for ``celery beat``: ``celery -A proj beat -S cron_at_scale.beat:Scheduler``.
+
+``scheduler`` (the Celery scheduler: each tick one dispatcher step), ``sync`` (a
+``beat_schedule`` copied into keyed recurring jobs), ``mapping`` (one entry to a job's
+spec), ``dst`` (where a crontab fires otherwise than Celery beat across a DST change).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["Scheduler", "sync_beat_schedule"]
+
+
+_FROM_SCHEDULER = ("Scheduler", "sync_beat_schedule", "SyncReport", "Unmappable", "crontab_to_cron", "schedule_spec",
+                   "entry_spec", "unmapped", "upsert", "zone_name", "KEY_PREFIX")
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, as Celery resolves "cron_at_scale.beat:Scheduler"; a submodule's name never comes here.
+    if name in _FROM_SCHEDULER:
+        return getattr(importlib.import_module("cron_at_scale.beat.scheduler"), name)
+    raise AttributeError(f"module 'cron_at_scale.beat' has no attribute {name!r}")

@@ -1,0 +1,298 @@
+"""Back-pressure per destination queue: a queue that is full or that nobody consumes holds its jobs.
+
+The rule: a broker queue holding more than ``MAX_BROKER_DEPTH`` messages is **full**; a broker queue
+with no consumer (RabbitMQ: its consumer count; Redis, which has no such count: no live worker's
+health row in ``cron_at_scale_workerhealth`` lists it) has **no consumer**. The dispatcher does not
+claim the jobs bound for such a queue: they stay ``pending`` in the database, with no attempt, while
+every other queue keeps firing. Once the queue drains or a consumer comes, they are claimed as usual
+(a recurring job's missed occurrences then follow its catch-up policy).
+
+Which broker queue a job goes to is resolved exactly as the publisher does (Celery's router, with the
+job's ``queue`` column, ``''`` meaning "the task's route, else the default queue"). Because a route
+can depend on the task name, the claim excludes (see ``claim`` in queries.sql):
+
+* jobs whose ``queue`` column names a held queue;
+* jobs with an empty ``queue`` column whose *task* routes to a held queue. The dispatcher knows the
+  route of every task registered with its Celery app and of every (task, queue) it has claimed; a
+  task it has never seen is assumed to go to the default queue.
+
+A (task, queue) seen for the first time in a claimed batch is resolved, and its queue checked, before
+that batch is committed: if the queue is held, the claim is rolled back and taken again without it,
+so even the first job for a dead queue gets no attempt.
+
+Cost: each queue is checked at most once a second (and once when first seen), never per job: one
+``queue_declare(passive=True)`` per queue on a broker connection of this module's own, plus on Redis
+one small query of the worker health rows per check round.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from celery import Celery
+from kombu.common import Broadcast
+
+log = logging.getLogger(__name__)
+
+OK, FULL, NO_CONSUMER, UNKNOWN = "ok", "full", "no consumer", "unknown"
+CHECK_INTERVAL = 1.0  # seconds between two checks of one queue
+
+# Queues listed by live workers (the same "alive" as cron_status: a heartbeat within three
+# intervals, not stopped). NULL when the table does not exist yet (checked by the caller).
+_LIVE_WORKER_QUEUES = """
+SELECT DISTINCT jsonb_array_elements_text(queues) FROM cron_at_scale_workerhealth
+WHERE last_seen > statement_timestamp() - make_interval(secs => %s) AND state <> 'stopped'
+"""
+
+
+@dataclass(frozen=True)
+class QueueState:
+    """One broker queue as last checked. ``depth``: messages waiting (None: unknown);
+    ``consumers``: RabbitMQ's consumer count, or on Redis the live workers listing the queue
+    (None: unknown); ``state``: ``ok``, ``full``, ``no consumer`` or ``unknown``; ``held``: the
+    dispatchers hold its jobs in the database (full, or no consumer while
+    ``HOLD_UNCONSUMED_QUEUES``)."""
+
+    queue: str
+    depth: int | None
+    consumers: int | None
+    state: str
+    held: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def destination(app: Celery, task: str, queue: str) -> str | None:
+    """The broker queue a run of ``task`` with the job's ``queue`` (``''``: routed) is published to,
+    resolved as ``send_task`` does; None when no single queue can be named (a broadcast queue, a
+    route to an exchange without a queue): such runs are never held."""
+    amqp = app.amqp
+    options = amqp.router.route({"queue": queue} if queue else {}, task, (), {})
+    q = options.get("queue")
+    if q is None:
+        return None
+    if isinstance(q, str):
+        q = amqp.queues[q]
+    if isinstance(q, Broadcast):
+        return None
+    return q.name
+
+
+def live_worker_queues() -> set[str] | None:
+    """Queues consumed by live workers per their health rows; None if the table is missing."""
+    from django.db import DatabaseError, connection, transaction
+
+    from cron_at_scale import conf
+
+    try:
+        with transaction.atomic(), connection.cursor() as cur:  # a savepoint inside a caller's transaction
+            cur.execute(_LIVE_WORKER_QUEUES, [3 * float(conf.get("WORKER_HEARTBEAT_INTERVAL"))])
+            return {r[0] for r in cur.fetchall()}
+    except DatabaseError:
+        return None
+
+
+class Probe:
+    """Reads broker queues' depth and consumers on a connection of its own (not the publisher's,
+    which the sender thread uses). Kombu's public API: ``queue_declare(passive=True)`` answers
+    (name, messages, consumers) on RabbitMQ and on Redis (where the consumer count is always 0,
+    hence the worker health rows); a queue that does not exist answers "not found"."""
+
+    def __init__(self, app: Celery, max_depth: int, hold_unconsumed: bool):
+        self.app = app
+        self.max_depth = max_depth
+        self.hold_unconsumed = hold_unconsumed
+        self.conn: Any = None  # kombu connection, made on first use
+        self.channel = None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            try:
+                self.conn.release()
+            except Exception:  # noqa: BLE001 (closing a broken connection)
+                pass
+        self.conn = self.channel = None
+
+    def _channel(self):
+        conn = self.conn
+        if conn is None:
+            conn = self.app.connection_for_read()
+            conn.ensure_connection(max_retries=1)
+            self.conn = conn
+        if self.channel is None or not getattr(self.channel, "is_open", True):
+            self.channel = conn.channel()
+        return conn, self.channel
+
+    def look(self, names: list[str]) -> dict[str, QueueState]:
+        """The state of each queue in ``names`` (``unknown`` for all if the broker does not answer,
+        or is neither Redis nor RabbitMQ)."""
+        out = {n: QueueState(n, None, None, UNKNOWN, False) for n in names}
+        if not names:
+            return out
+        try:
+            conn, _ = self._channel()
+            driver = conn.transport.driver_type
+            if driver not in ("redis", "amqp"):
+                return out
+            workers = live_worker_queues() if driver == "redis" else None
+            for name in names:
+                depth, declared = self._declare(name)
+                consumers: int | None = declared
+                if driver == "redis":  # a Redis list has no consumers of its own: the workers' health rows say
+                    consumers = None if workers is None else int(name in workers)
+                out[name] = self._verdict(name, depth, consumers)
+        except Exception:  # a broker blip: no verdict, nothing held on it
+            log.debug("could not read the broker's queues", exc_info=True)
+        finally:
+            # Connected for each look (at most one a second): nothing stays open between them, so a
+            # dispatcher (or a status command) that is never closed leaves no socket behind.
+            self.close()
+        return out
+
+    def _declare(self, name: str) -> tuple[int, int]:
+        from kombu.exceptions import ChannelError as KombuChannelError
+
+        try:
+            ok = self._channel()[1].queue_declare(queue=name, passive=True)
+        except Exception as e:  # "not found": an empty queue nobody declared (its channel closes on RabbitMQ)
+            from amqp.exceptions import NotFound
+
+            if isinstance(e, (NotFound, KombuChannelError)):
+                self.channel = None
+                return 0, 0
+            raise
+        return int(ok.message_count), int(ok.consumer_count)
+
+    def _verdict(self, name: str, depth: int | None, consumers: int | None) -> QueueState:
+        if depth is not None and depth > self.max_depth:
+            return QueueState(name, depth, consumers, FULL, True)
+        if consumers == 0:
+            return QueueState(name, depth, consumers, NO_CONSUMER, self.hold_unconsumed)
+        return QueueState(name, depth, consumers, OK if depth is not None else UNKNOWN, False)
+
+
+class QueueGate:
+    """The dispatcher's view of its destination queues: which are held, as claim parameters.
+
+    ``max_depth``: ``MAX_BROKER_DEPTH`` (messages per queue); ``hold_unconsumed``: hold queues that
+    have no consumer. Not thread-safe: the dispatcher's loop thread only.
+    """
+
+    def __init__(self, app: Celery, max_depth: int, hold_unconsumed: bool, interval: float = CHECK_INTERVAL):
+        self.app = app
+        self.interval = interval
+        self.probe = Probe(app, max_depth, hold_unconsumed)
+        self.routes: dict[tuple[str, str], str | None] = {}  # (task, job's queue) -> broker queue
+        self.states: dict[str, QueueState] = {}
+        self._due: dict[str, float] = {}  # broker queue -> monotonic time of its next check
+        self._params: dict[str, Any] | None = None
+        self._tasks_seeded = False
+
+    # -- routes ----------------------------------------------------------------------------
+
+    def destination(self, task: str, queue: str) -> str | None:
+        key = (task, queue)
+        if key not in self.routes:
+            try:
+                self.routes[key] = destination(self.app, task, queue)
+            except Exception:  # noqa: BLE001 (a route Celery cannot resolve: the publisher will say)
+                self.routes[key] = None
+            self._params = None
+        return self.routes[key]
+
+    def seed(self) -> None:
+        """Routes of every task the app knows (an empty ``queue`` column follows them)."""
+        self._tasks_seeded = True
+        for name in list(self.app.tasks):
+            if not name.startswith("celery."):
+                self.destination(name, "")
+
+    # -- checks ----------------------------------------------------------------------------
+
+    def refresh(self, now: float | None = None) -> list[QueueState]:
+        """Check the queues whose second is up (each at most once per ``interval``); return the
+        queues whose verdict changed."""
+        if not self._tasks_seeded:
+            self.seed()
+        now = time.monotonic() if now is None else now
+        names = {n for n in self.routes.values() if n}
+        return self._check([n for n in sorted(names) if self._due.get(n, 0.0) <= now], now)
+
+    def _check(self, names: list[str], now: float) -> list[QueueState]:
+        if not names:
+            return []
+        changed = []
+        for name, state in self.probe.look(names).items():
+            self._due[name] = now + self.interval
+            old = self.states.get(name)
+            self.states[name] = state
+            if old is None or old.held != state.held:
+                self._params = None
+                if state.held:
+                    log.warning("queue %s: %s (%s messages, %s consumers): its jobs wait in the database",
+                                name, state.state, state.depth, state.consumers)
+                elif old is not None:
+                    log.warning("queue %s: %s again: firing its jobs", name, state.state)
+            if old is None or old.state != state.state:
+                changed.append(state)
+        return changed
+
+    def learn(self, rows) -> bool:
+        """Resolve the (task, queue) of claimed ``rows`` not seen before and check their queues now;
+        True if one of them goes to a held queue (then the claim is to be taken again)."""
+        new = {(r.task, r.queue) for r in rows if (r.task, r.queue) not in self.routes}
+        if not new:
+            return False
+        targets = {name for task, queue in new if (name := self.destination(task, queue)) is not None}
+        self._check(sorted(n for n in targets if n not in self.states), time.monotonic())
+        return any(self.held(name) for name in targets)
+
+    def held(self, name: str | None) -> bool:
+        state = self.states.get(name) if name else None
+        return bool(state and state.held)
+
+    def claim_params(self) -> dict[str, Any]:
+        """The claim statement's exclusions: ``held_queues`` (values of the ``queue`` column),
+        ``held_blank`` (the default queue is held) and ``blank_tasks`` (tasks, with an empty
+        ``queue`` column, whose route differs from that: held if ``held_blank`` is false, not held
+        if it is true)."""
+        if self._params is None:
+            held = {n for n, s in self.states.items() if s.held}
+            default = self.destination("", "")
+            held_blank = default in held
+            queues = sorted(held | {q for (_t, q), n in self.routes.items() if q and n in held})
+            tasks = sorted({t for (t, q), n in self.routes.items() if t and not q and (n in held) != held_blank})
+            self._params = {"held_queues": queues, "held_blank": held_blank, "blank_tasks": tasks}
+        return self._params
+
+    def close(self) -> None:
+        self.probe.close()
+
+
+def survey(app: Celery | None = None, extra: set[str] | None = None) -> list[QueueState]:
+    """Every queue known here checked once, for ``cron_status`` and the metrics: the default queue,
+    the configured ``task_queues``, the routes of the app's tasks, the queues named by jobs (at most
+    50, from the index on ``queue``), those live workers consume and ``extra``. Empty on error."""
+    from cron_at_scale import conf
+    from cron_at_scale import sql as db
+    from cron_at_scale.celery_app import get_app
+
+    app = app or get_app()
+    gate = QueueGate(app, int(conf.get("MAX_BROKER_DEPTH")), bool(conf.get("HOLD_UNCONSUMED_QUEUES")))
+    try:
+        gate.seed()
+        names = {n for n in gate.routes.values() if n} | set(app.amqp.queues) | set(extra or ())
+        for (queue,) in db.run("queue_names", {"limit": 50}, retries=0):
+            if queue:
+                names.add(gate.destination("", queue) or queue)
+        names |= live_worker_queues() or set()
+        return [s for _n, s in sorted(gate.probe.look(sorted(names)).items())]
+    except Exception:  # noqa: BLE001 (status must render without the broker)
+        log.warning("could not survey the broker's queues", exc_info=True)
+        return []
+    finally:
+        gate.close()

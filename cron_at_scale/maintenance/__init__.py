@@ -1,0 +1,5 @@
+"""The maintenance loops a dispatcher runs between claims.
+
+``reaper`` (lost leases), ``retention`` (finished jobs purged), ``history`` (a recurring
+job's run history bounded), ``overdue`` (a recurring job that has not succeeded in its grace).
+"""

@@ -1,0 +1,110 @@
+"""The reaper: attempts whose lease expired go back to work, or to the dead-letter queue.
+
+A worker that dies, or a broker that loses a message, leaves an attempt whose
+``locked_until`` passes without a finish (the database is the source of
+truth: the broker may lose anything). Each pass of the reaper, in one
+transaction, marks up to ``batch_size`` such attempts lost, puts their one-off
+jobs back to ``pending`` (or fails them after ``max_lost`` lost attempts), and
+gives each lost cron run a new attempt for the same occurrence (a run past its
+job's ``expires`` is recorded skipped instead, see :mod:`cron_at_scale.policy.expiry`;
+a one-off job with ``expires`` keeps its ``fire_at``, so that its claim skips
+it once past). After the
+commit the re-fired runs are published and failed jobs announced on the DLQ.
+
+A small service with its own interval and batch size that the dispatcher's
+loop calls (``maybe_reap``), as River's job rescuer is beside its client.
+Every dispatcher reaps; two reaping at once never take the same attempt (the
+``reap`` statement locks rows with ``SKIP LOCKED``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from django.db import transaction
+
+from cron_at_scale import conf
+from cron_at_scale import sql as db
+from cron_at_scale.broker import dlq
+from cron_at_scale.broker.publish import Claimed
+from cron_at_scale.ops import metrics
+from cron_at_scale.policy import expiry
+
+log = logging.getLogger(__name__)
+
+
+class Reaper:
+    """Handles expired leases for a dispatcher.
+
+    ``publish(runs)``: sends the re-fired cron runs (the dispatcher's sender)
+    and returns once they are out; ``app``: the Celery app whose DLQ hears of
+    failed jobs; ``lease``: seconds of dispatch lease of a re-fired run (x2 per earlier loss of its
+    occurrence before any worker started it, up to x16);
+    ``batch_size``: expired attempts handled per pass; ``interval``: seconds
+    between passes (default ``REAPER_INTERVAL``); ``max_lost``: lost attempts
+    after which a one-off job fails (default ``MAX_LOST_ATTEMPTS``).
+    """
+
+    def __init__(self, publish: Callable[[list[Claimed]], None], app, *, lease: float, batch_size: int,
+                 interval: float | None = None, max_lost: int | None = None) -> None:
+        self.publish = publish
+        self.app = app
+        self.lease = lease
+        self.batch_size = batch_size
+        self.interval = float(conf.get("REAPER_INTERVAL") if interval is None else interval)
+        self.max_lost = int(conf.get("MAX_LOST_ATTEMPTS") if max_lost is None else max_lost)
+        self._next = 0.0  # monotonic time of the next pass: the first call reaps
+
+    def maybe_reap(self, now: float | None = None) -> int:
+        """Reap if ``interval`` seconds have passed since the last pass (``now``: monotonic time);
+        return how many attempts were reaped (0 when not due)."""
+        now = time.monotonic() if now is None else now
+        if now < self._next:
+            return 0
+        started = time.monotonic()
+        try:
+            return self.reap()
+        finally:
+            # A pass over thousands of lost runs (a slow fleet behind a burst: each cron run is
+            # fired again by a statement of its own) takes seconds in the dispatcher's loop; passes
+            # back to back would leave it no time to claim. The next waits 4x as long as this took,
+            # so reaping takes at most a fifth of the loop while it lasts.
+            self._next = now + max(self.interval, 4 * (time.monotonic() - started))
+
+    def reap(self) -> int:
+        """One pass: handle up to ``batch_size`` expired attempts; return how many were reaped.
+
+        Raises Django's database errors (the dispatcher's loop retries after a pause).
+        """
+        refire: list[Claimed] = []
+        with transaction.atomic():
+            lost = db.run("reap", {"limit": self.batch_size}, retries=0)
+            if not lost:
+                return 0
+            metrics.observe_reaped(len(lost))
+            failed = db.run("reap_once", {"job_ids": [r[0] for r in lost], "attempts": [r[1] for r in lost],
+                                          "started": [r[3] for r in lost], "max_lost": self.max_lost}, retries=0)
+            once = {r[0] for r in failed}
+            # By job id: the order in which a worker's start_attempt locks the recurring jobs whose
+            # successes it records, so the two never wait on each other in a cycle (a deadlock).
+            for r in sorted(lost, key=lambda r: str(r.job_id)):
+                if r.job_id in once:
+                    continue
+                rows = db.run("refire_cron", {"job_id": r.job_id, "scheduled_at": r.scheduled_at, "started": r.started,
+                                              "losses": r.occurrence_losses + (1 if r.started else 0),
+                                              # a start resets it: a run lost while running was not the queue's
+                                              "dispatch_losses": 0 if r.started else r.dispatch_losses + 1,
+                                              "max_lost": self.max_lost, "lease": self.lease}, retries=0)
+                # a run fired again past its expiry is recorded skipped, never published
+                refire += expiry.drop_expired([Claimed.from_row(r) for r in rows], rows[0].db_now) if rows else []
+        log.warning("reaped %d expired leases (%d cron runs fired again): %s", len(lost), len(refire),
+                    ", ".join(f"{r[0]}:{r[1]}" for r in lost[:10]))
+        if refire:
+            self.publish(refire)
+        for job_id, status, attempt, task in failed:
+            if status == "failed":
+                dlq.announce(self.app, job_id, attempt, task, f"lost {self.max_lost} attempts (lease expired each time)")
+                metrics.observe_dead_lettered()
+        return len(lost)

@@ -1,0 +1,129 @@
+"""Retention: delete completed and cancelled jobs, and their attempts, after an age.
+
+``purge(older_than_seconds)`` walks the finished jobs oldest first with a
+keyset cursor over the partial index ``cron_job_finished_updated``
+(``updated_at, id WHERE status IN ('completed', 'cancelled')``), one chunk of
+``batch_size`` jobs at a time. Per chunk, in short transactions of their own:
+
+1. its finished attempts are deleted, at most ``batch_size`` rows per
+   transaction (a cron job may have many);
+2. its jobs are deleted, re-checked under ``FOR UPDATE SKIP LOCKED``: still
+   finished, still old, no attempt left. A row some other session holds
+   (the dispatcher, an operator) is skipped, never waited for; a cancelled
+   job whose last run has not finished keeps its open attempt and stays
+   until a later purge.
+
+The hot path never waits on a purge: the claim only reads pending rows
+(another index) and the purge only locks finished ones.
+
+``maybe_purge()`` is the dispatcher's hook: with the ``RETENTION`` setting
+(seconds; ``None``, the default, turns it off) it purges at most every
+``RETENTION_INTERVAL`` seconds for at most ``RETENTION_BUDGET`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+
+from django.db import connection, transaction
+
+from cron_at_scale.sql import QUERIES
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BATCH_SIZE = 1000  # rows per delete: a few ms of locks, small WAL bursts
+RETENTION_INTERVAL = 60.0  # seconds between the dispatcher's purges: retention is by days, not seconds
+RETENTION_BUDGET = 0.5  # seconds of purging per dispatcher call, so the claim loop is never held up long
+
+_EPOCH = datetime.fromisoformat("0001-01-01T00:00:00+00:00")
+_NIL = "00000000-0000-0000-0000-000000000000"
+
+
+def purge(older_than_seconds: float, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False,
+          budget_seconds: float | None = None) -> tuple[int, int]:
+    """Delete completed and cancelled jobs last updated more than ``older_than_seconds`` ago (database
+    clock), and their attempts. Returns ``(jobs, attempts)`` deleted (with ``dry_run``: that would be).
+
+    ``batch_size``: rows per delete statement and per transaction. ``budget_seconds``: stop after
+    the chunk that crosses it (None: run to the end). Raises ``ValueError`` for a negative age or a
+    batch size below 1. Safe beside running dispatchers and with several purges at once.
+    """
+    if not isinstance(older_than_seconds, (int, float)) or isinstance(older_than_seconds, bool) \
+            or older_than_seconds < 0:
+        raise ValueError(f"older_than_seconds must be a number >= 0, got {older_than_seconds!r}")
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
+    deadline = None if budget_seconds is None else time.monotonic() + budget_seconds
+    with connection.cursor() as cur:
+        cur.execute(QUERIES["retention_cutoff"], {"age": float(older_than_seconds)})
+        (cutoff,) = cur.fetchone()
+    after_at, after_id = _EPOCH, _NIL
+    jobs = attempts = 0
+    while True:
+        with connection.cursor() as cur:
+            cur.execute(QUERIES["retention_chunk"], {"cutoff": cutoff, "after_at": after_at, "after_id": after_id, "n": batch_size})
+            chunk = cur.fetchall()
+        if not chunk:
+            break
+        ids = [r[0] for r in chunk]
+        after_at, after_id = chunk[-1][1], chunk[-1][0]
+        if dry_run:
+            with connection.cursor() as cur:
+                cur.execute(QUERIES["retention_count_attempts"], {"ids": ids})
+                attempts += cur.fetchone()[0]
+            jobs += len(ids)
+        else:
+            while True:  # attempts first, each delete its own short transaction
+                with transaction.atomic(), connection.cursor() as cur:
+                    cur.execute(QUERIES["retention_delete_attempts"], {"ids": ids, "n": batch_size})
+                    n = cur.rowcount
+                attempts += n
+                if n < batch_size:
+                    break
+            with transaction.atomic(), connection.cursor() as cur:
+                cur.execute(QUERIES["retention_delete_jobs"], {"ids": ids, "cutoff": cutoff})
+                jobs += cur.rowcount
+        if len(chunk) < batch_size or (deadline is not None and time.monotonic() > deadline):
+            break
+    if jobs or attempts:
+        log.info("purged %d jobs and %d attempts older than %.0fs%s", jobs, attempts, older_than_seconds,
+                 " (dry run)" if dry_run else "")
+    return jobs, attempts
+
+
+def setting() -> float | None:
+    """The ``RETENTION`` setting: seconds after which finished jobs are purged by the dispatcher, or None."""
+    from django.conf import settings
+
+    user = getattr(settings, "CRON_AT_SCALE", None) or {}
+    value = user.get("RETENTION")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ValueError(f"CRON_AT_SCALE['RETENTION'] must be seconds >= 0 or None, got {value!r}")
+    return float(value)
+
+
+_next_purge = 0.0
+
+
+def maybe_purge(retention: float | None = None, *, now: float | None = None) -> tuple[int, int]:
+    """The dispatcher's hook: call it every loop. Purges finished jobs older than ``retention``
+    seconds (default: the ``RETENTION`` setting; None: off) at most every ``RETENTION_INTERVAL``
+    seconds, for at most ``RETENTION_BUDGET`` seconds. Returns ``(jobs, attempts)`` deleted.
+    Never raises for a database error (logged; the next interval tries again)."""
+    global _next_purge
+    retention = setting() if retention is None else retention
+    if retention is None:
+        return 0, 0
+    now = time.monotonic() if now is None else now
+    if now < _next_purge:
+        return 0, 0
+    _next_purge = now + RETENTION_INTERVAL
+    try:
+        return purge(retention, budget_seconds=RETENTION_BUDGET)
+    except Exception:  # noqa: BLE001 (retention must never stop the dispatcher)
+        log.exception("retention purge failed; trying again in %.0fs", RETENTION_INTERVAL)
+        return 0, 0

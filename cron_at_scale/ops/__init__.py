@@ -1,0 +1,3 @@
+"""The operator's figures: ``status`` (bounded counts for ``cron_status`` and the dashboard),
+``metrics`` (Prometheus), ``identity`` (how a process names itself: ``host:pid``).
+"""

@@ -1,0 +1,345 @@
+"""The operator's figures, shared by the admin dashboard, ``cron_status`` and the metrics collector.
+
+Every query here is bounded, whatever the size of the jobs table:
+
+* counts walk an index and stop at a cap (``SELECT count(*) FROM (SELECT 1
+  ... LIMIT cap)``); a figure that hit its cap is reported as "at least"
+  (``capped`` lists them);
+* the "later" bucket of pending jobs is the planner's estimate minus the
+  counted buckets (``estimated`` lists it);
+* the firing lag is computed over a sample: the latest ``LAG_SAMPLE``
+  attempts by id (the primary key walked backwards), those started in the
+  last ``window`` seconds.
+
+Times come from the database clock.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from django.db import connection
+
+COUNT_CAP = 100_000  # rows counted per figure before we say "at least"; ~20 ms on an index
+DLQ_CAP = 1_000_000  # the dead-letter queue is worth counting further
+LAG_SAMPLE = 10_000  # latest attempts the lag percentiles are computed over
+# Firing lag: from when the attempt was due, or from when its job was created if that
+# is later (a job scheduled at a time already past was not late before anyone asked).
+_RECENT_LAGS = """
+    FROM (
+        SELECT extract(epoch FROM a.started_at - greatest(a.scheduled_at, j.created_at))::float8 AS lag, a.started_at
+        FROM (SELECT job_id, scheduled_at, started_at FROM cron_at_scale_jobattempt ORDER BY id DESC LIMIT %s) AS a
+        LEFT JOIN cron_at_scale_job AS j ON j.id = a.job_id
+    ) AS recent
+    WHERE started_at >= statement_timestamp() - make_interval(secs => %s)
+"""
+DEFAULT_WINDOW = 300.0  # seconds of attempts the lag figures cover
+DISPATCHER_SEEN = 60.0  # seconds: a dispatcher that claimed or polled within this is alive
+WORKERS_SHOWN = 3600.0  # seconds: workers last seen longer ago are not listed
+
+# (bucket, lower bound, upper bound) as SQL intervals from now; the (status, fire_at, id) index serves
+# each, as a range read in order (ORDER BY fire_at: the planner, which takes status and fire_at as
+# independent, would otherwise read the whole pending index of the claim for a few overdue rows).
+_BUCKET_RANGES = (
+    ("overdue", None, "0 seconds"),
+    ("next_minute", "0 seconds", "1 minute"),
+    ("next_hour", "1 minute", "1 hour"),
+    ("next_day", "1 hour", "1 day"),
+)
+
+
+@dataclass
+class StatusReport:
+    """A snapshot of the scheduler, as the dashboard and ``cron_status --json`` show it (``snapshot()``)."""
+
+    db_now: str
+    pending: dict[str, int]
+    oldest_overdue_seconds: float  # 0 when no pending job is due
+    lag_seconds: dict[str, float | None]  # p50, p99, max over the window; None when no attempt started
+    lag_window_seconds: float
+    lag_sample: int  # attempts the lag figures were computed from
+    in_progress: int  # attempts dispatched or running (unfinished)
+    expired_leases: int  # unfinished attempts whose lease has expired (the reaper's work)
+    dlq: int  # failed jobs (the dead-letter queue)
+    paused: int
+    missed_occurrences: int  # sum over recurring jobs
+    dispatchers_alive: int
+    dispatchers: list[str] = field(default_factory=list)
+    # Celery workers with a health row seen within WORKERS_SHOWN seconds (cron_at_scale.worker.health):
+    # name, queues, alive, stuck, state, last_received_seconds_ago, running, concurrency, waiting, note
+    workers: list[dict[str, Any]] = field(default_factory=list)
+    # Broker queues (cron_at_scale.dispatcher.backpressure): queue, depth, consumers, state (ok, full, no consumer,
+    # unknown), held (the dispatchers keep its jobs in the database)
+    queues: list[dict[str, Any]] = field(default_factory=list)
+    # Recurring jobs overdue (cron_at_scale.maintenance.overdue: no success within their grace of a due
+    # occurrence; not the pending.overdue bucket): how many, and the most overdue (at most 100):
+    # id, key, task, expected_at, late_seconds, grace, last_success_at, overdue_since
+    overdue_jobs_count: int = 0
+    overdue_jobs: list[dict[str, Any]] = field(default_factory=list)
+    # beat_schedule entries the beat drop-in cannot map (they do not run under it): name, reason
+    beat_unmapped: list[dict[str, str]] = field(default_factory=list)
+    capped: list[str] = field(default_factory=list)  # figures that hit their count cap (true value >= shown)
+    estimated: list[str] = field(default_factory=list)  # figures from the planner's statistics
+
+    def behind(self, after_seconds: float) -> bool:
+        """True when a due job has waited longer than ``after_seconds``."""
+        return self.oldest_overdue_seconds > after_seconds
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, **extra: Any) -> str:
+        return json.dumps({**self.as_dict(), **extra}, sort_keys=True)
+
+
+Status = StatusReport  # the old name (models.Status is the job's state)
+
+
+def _one(cur, query: str, params=()):
+    cur.execute(query, params)
+    return cur.fetchone()
+
+
+def bounded_count(cur, where: str, params=(), cap: int = COUNT_CAP, table: str = "cron_at_scale_job",
+                  order: str = "") -> tuple[int, bool]:
+    """``(count, capped)`` of rows of ``table`` matching ``where``, counting at most ``cap`` rows.
+    ``order``: an ORDER BY for the rows counted, to make the planner take the index that has it."""
+    order_by = f" ORDER BY {order}" if order else ""
+    (n,) = _one(cur, f"SELECT count(*) FROM (SELECT 1 FROM {table} WHERE {where}{order_by} LIMIT %s) AS s",
+                [*params, cap])
+    return n, n >= cap
+
+
+def planner_estimate(cur, query: str, params=()) -> int:
+    """Rows the planner expects ``query`` to return (statistics only: nothing is read)."""
+    cur.execute("EXPLAIN (FORMAT JSON) " + query, params)
+    plan = cur.fetchone()[0]
+    if isinstance(plan, str):
+        plan = json.loads(plan)
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def table_estimate(cur, table: str = "cron_at_scale_job") -> int:
+    """Rows in ``table`` from ``pg_class.reltuples`` (kept by VACUUM/ANALYZE); -1 before the first ANALYZE."""
+    (n,) = _one(cur, "SELECT reltuples::bigint FROM pg_class WHERE oid = %s::regclass", [table])
+    return int(n)
+
+
+def _lag(cur, window: float) -> tuple[dict[str, float | None], int]:
+    cur.execute(
+        """
+        SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY lag),
+               percentile_cont(0.99) WITHIN GROUP (ORDER BY lag),
+               max(lag), count(*)
+        """ + _RECENT_LAGS,
+        [LAG_SAMPLE, window],
+    )
+    p50, p99, top, n = cur.fetchone()
+    return {"p50": p50, "p99": p99, "max": top}, int(n)
+
+
+def recent_lags(window: float = DEFAULT_WINDOW) -> list[float]:
+    """Firing lags (seconds) of the latest attempts started within ``window`` seconds (bounded sample)."""
+    with connection.cursor() as cur:
+        cur.execute("SELECT lag " + _RECENT_LAGS, [LAG_SAMPLE, window])
+        return [r[0] for r in cur.fetchall()]
+
+
+def _dispatchers(cur) -> tuple[int, list[str]]:
+    """Dispatchers alive, defined from what the database sees.
+
+    * ``alive``: database sessions whose latest statement was the claim or
+      the reaper's scan (a dispatcher polls every ``POLL_INTERVAL``) within
+      ``DISPATCHER_SEEN`` seconds. Needs the role to see other sessions'
+      queries (the same role, or ``pg_read_all_stats``); otherwise counts
+      only what it can see.
+    * ``names``: ``locked_by`` of one-off jobs claimed within the same
+      period and still in progress (a dispatcher's ``host:pid``); a
+      dispatcher whose jobs all finished already is alive but unnamed.
+    """
+    (alive,) = _one(
+        cur,
+        """
+        SELECT count(*) FROM pg_stat_activity
+        WHERE datname = current_database() AND pid <> pg_backend_pid()
+          AND state_change >= statement_timestamp() - make_interval(secs => %s)
+          AND (query LIKE %s OR query LIKE %s)
+        """,
+        [DISPATCHER_SEEN, "WITH due AS (%FOR UPDATE SKIP LOCKED%", "WITH expired AS (%cron_at_scale_jobattempt%"],
+    )
+    cur.execute(
+        """
+        SELECT DISTINCT locked_by FROM (
+            SELECT locked_by FROM cron_at_scale_job
+            WHERE status = 'in_progress' AND locked_by <> ''
+              AND updated_at >= statement_timestamp() - make_interval(secs => %s)
+            LIMIT %s
+        ) AS s ORDER BY 1 LIMIT 100
+        """,
+        [DISPATCHER_SEEN, COUNT_CAP],
+    )
+    names = [r[0] for r in cur.fetchall()]
+    beats = _heartbeats(cur)
+    if beats is not None:  # dispatchers say who they are and which shards they hold: the best source
+        return len(beats), [f"{name} (shards {_ranges(shards)})" for name, shards in beats]
+    return max(int(alive), len(names)), names
+
+
+def _heartbeats(cur) -> list[tuple[str, list[int]]] | None:
+    """``[(name, shards)]`` of dispatchers whose heartbeat row is younger than ``DISPATCHER_SEEN``;
+    None where dispatchers keep no heartbeat table (an older schema)."""
+    from django.db import DatabaseError, transaction
+
+    from cron_at_scale import models
+
+    model = getattr(models, "DispatcherHeartbeat", None)
+    if model is None:
+        return None
+    try:
+        with transaction.atomic():  # a savepoint: a missing table must not break the caller's transaction
+            cur.execute(
+                f"SELECT name, shards FROM {model._meta.db_table} "
+                "WHERE last_seen >= statement_timestamp() - make_interval(secs => %s) ORDER BY name LIMIT 100",
+                [DISPATCHER_SEEN],
+            )
+            rows = cur.fetchall()
+    except DatabaseError:
+        return None
+    return [(name, json.loads(shards) if isinstance(shards, str) else list(shards or [])) for name, shards in rows]
+
+
+def _ranges(shards: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    out: list[str] = []
+    for s in sorted(shards):
+        if out and "-" not in out[-1] and int(out[-1]) == s - 1:
+            out[-1] = f"{out[-1]}-{s}"
+        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == s - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{s}"
+        else:
+            out.append(str(s))
+    return ", ".join(out) or "none"
+
+
+def workers(cur) -> list[dict[str, Any]]:
+    """Celery workers' health rows seen within ``WORKERS_SHOWN`` seconds (at most 500), by name.
+
+    ``alive``: its heartbeat is younger than 3 ``WORKER_HEARTBEAT_INTERVAL``s. ``stuck``: alive and
+    its watchdog reports it stuck, recovering or exiting. Seconds are from the database clock.
+    Empty where the table does not exist yet (an older schema).
+    """
+    from django.db import DatabaseError, transaction
+
+    from cron_at_scale import conf
+
+    ttl = 3 * float(conf.get("WORKER_HEARTBEAT_INTERVAL"))
+    try:
+        with transaction.atomic():  # a savepoint: a missing table must not break the caller's transaction
+            cur.execute(
+                """
+                SELECT name, pid, queues, concurrency, running, received, state, waiting, note, stuck_count,
+                       last_seen > statement_timestamp() - make_interval(secs => %s) AS alive,
+                       extract(epoch FROM statement_timestamp() - last_seen)::float8,
+                       extract(epoch FROM statement_timestamp() - last_received)::float8,
+                       extract(epoch FROM statement_timestamp() - stuck_since)::float8
+                FROM cron_at_scale_workerhealth
+                WHERE last_seen > statement_timestamp() - make_interval(secs => %s)
+                ORDER BY name LIMIT 500
+                """,
+                [ttl, WORKERS_SHOWN],
+            )
+            rows = cur.fetchall()
+    except DatabaseError:
+        return []
+    out = []
+    for (name, pid, queues, conc, running, received, state, waiting, note, stuck_count, alive, seen_ago,
+         received_ago, stuck_for) in rows:
+        out.append({
+            "name": name, "pid": pid, "queues": json.loads(queues) if isinstance(queues, str) else list(queues or []),
+            "alive": bool(alive and state != "stopped"), "state": state,
+            "stuck": bool(alive and state in ("stuck", "recovering", "exiting")),
+            "stuck_seconds": None if stuck_for is None else round(stuck_for, 1), "stuck_count": stuck_count,
+            "last_seen_seconds_ago": round(seen_ago, 1),
+            "last_received_seconds_ago": None if received_ago is None else round(received_ago, 1),
+            "received": received, "running": running, "concurrency": conc, "waiting": waiting, "note": note,
+        })
+    return out
+
+
+def beat_unmapped() -> list[dict[str, str]]:
+    """The Celery app's ``beat_schedule`` entries the beat drop-in cannot map (``cron_at_scale.beat.unmapped``):
+    ``[{"name", "reason"}]``; [] when the app does not load (``manage.py check`` says why)."""
+    from cron_at_scale.beat.scheduler import unmapped
+    from cron_at_scale.celery_app import get_app
+
+    try:
+        app = get_app()
+        entries = app.conf.beat_schedule
+    except Exception:  # noqa: BLE001
+        return []
+    return [{"name": name, "reason": why} for name, why in unmapped(entries, app)]
+
+
+def snapshot(window: float = DEFAULT_WINDOW) -> StatusReport:
+    """Collect every figure (a dozen bounded statements, a few ms on an idle database)."""
+    capped: list[str] = []
+    with connection.cursor() as cur:
+        (db_now,) = _one(cur, "SELECT statement_timestamp()")
+        pending: dict[str, int] = {}
+        for name, lo, hi in _BUCKET_RANGES:
+            where = "status = 'pending'"
+            params: list[Any] = []
+            if lo is not None:
+                where += " AND fire_at > %s::timestamptz + %s::interval"
+                params += [db_now, lo]
+            where += " AND fire_at <= %s::timestamptz + %s::interval"
+            params += [db_now, hi]
+            pending[name], hit = bounded_count(cur, where, params, order="fire_at")
+            if hit:
+                capped.append(f"pending.{name}")
+        later, hit = bounded_count(cur, "status = 'pending' AND fire_at > %s::timestamptz + interval '1 day'",
+                                   [db_now], order="fire_at")
+        estimated: list[str] = []
+        if hit:  # many future jobs: the planner's figure, rather than counting millions of index entries.
+            # Pending rows (status statistics are per value, hence close) minus the buckets counted;
+            # not an estimate of "pending AND fire_at > …", which the planner gets wrong by treating
+            # the two columns as independent (every pending job is in the future, most others past).
+            total = planner_estimate(cur, "SELECT 1 FROM cron_at_scale_job WHERE status = 'pending'")
+            later = max(later, total - sum(pending.values()))
+            estimated.append("pending.later")
+        pending["later"] = later
+        (oldest,) = _one(cur, "SELECT min(fire_at) FROM cron_at_scale_job WHERE status = 'pending'")
+        overdue = max(0.0, (db_now - oldest).total_seconds()) if oldest is not None else 0.0
+        lag, sample = _lag(cur, window)
+        in_progress, hit = bounded_count(cur, "finished_at IS NULL", table="cron_at_scale_jobattempt")
+        if hit:
+            capped.append("in_progress")
+        expired, hit = bounded_count(cur, "finished_at IS NULL AND locked_until < %s", [db_now],
+                                     table="cron_at_scale_jobattempt")
+        if hit:
+            capped.append("expired_leases")
+        dlq, hit = bounded_count(cur, "status = 'failed'", cap=DLQ_CAP)
+        if hit:
+            capped.append("dlq")
+        paused, hit = bounded_count(cur, "status = 'paused'")
+        if hit:
+            capped.append("paused")
+        (missed,) = _one(cur, "SELECT coalesce(sum(missed_occurrences), 0) FROM cron_at_scale_job "
+                              "WHERE NOT schedule_type = 'once'")
+        alive, names = _dispatchers(cur)
+        worker_rows = workers(cur)
+    from cron_at_scale.dispatcher.backpressure import survey
+    from cron_at_scale.maintenance.overdue import overdue_jobs
+
+    queue_rows = [q.as_dict() for q in survey()]
+    late, late_count = overdue_jobs()
+    return StatusReport(
+        beat_unmapped=beat_unmapped(),
+        db_now=db_now.isoformat(), pending=pending, oldest_overdue_seconds=round(overdue, 3),
+        lag_seconds=lag, lag_window_seconds=window, lag_sample=sample, in_progress=in_progress,
+        expired_leases=expired, dlq=dlq, paused=paused, missed_occurrences=int(missed),
+        dispatchers_alive=alive, dispatchers=names, workers=worker_rows, queues=queue_rows, capped=capped, estimated=estimated,
+        overdue_jobs_count=late_count, overdue_jobs=[o.as_dict() for o in late],
+    )

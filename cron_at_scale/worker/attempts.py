@@ -1,0 +1,183 @@
+"""Writing a worker process's completed attempts: one interface, an inline and a batched version.
+
+Both write through ``start_attempt``, the statement that also starts an
+attempt: a succeeded attempt is closed, and its one-off job completed, in the
+same round trip as the next start (see ``queries.sql``).
+
+* :class:`InlineCompleter` writes each completion at once: an eager run
+  (``task.apply()``) or a run inside the caller's transaction, whose caller
+  reads the outcome next.
+* :class:`BatchCompleter` queues them: the process's next start carries them,
+  or, if no task follows within ``COMPLETION_DELAY`` seconds, its thread writes
+  them, many per statement. The thread also runs the process's periodic work
+  (the lease heartbeat, :meth:`BatchCompleter.every`) on its own connection.
+
+A completion not yet written when the process dies is not lost work: its
+attempt's lease expires and the job runs again (at-least-once), as if the
+worker had died while running it. A task that kills its process does so
+after its start, which wrote the completions before it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+from uuid import uuid4
+
+from django.db import InterfaceError, OperationalError, connections
+
+from cron_at_scale import conf
+from cron_at_scale import sql as db
+
+log = logging.getLogger(__name__)
+
+# Seconds a completion waits for the process's next start_attempt to carry it
+# before the thread writes it on its own.
+COMPLETION_DELAY = 0.05
+
+
+class Completer(Protocol):
+    """Records that ``attempt`` of ``job_id`` succeeded."""
+
+    def complete(self, job_id: str, attempt: int) -> None: ...
+
+
+def write(job_id: str | None, attempt: int, worker: str, token: str | None, done: list[tuple[str, int]]):
+    """One ``start_attempt``: start ``attempt`` of ``job_id`` (none if ``job_id`` is None) and
+    complete the ``done`` (job_id, attempt) pairs. The started attempt's row (by column name) or None."""
+    return db.run("start_attempt", {
+        "job_id": job_id, "attempt": attempt, "worker": worker, "token": token,
+        "lease": float(conf.get("RUN_LEASE")),
+        "done_job_ids": [d[0] for d in done], "done_attempts": [d[1] for d in done],
+    }, fetch="one")
+
+
+class InlineCompleter:
+    """Writes each completion now, on the calling thread."""
+
+    def complete(self, job_id: str, attempt: int) -> None:
+        write(None, 0, "", None, [(job_id, attempt)])
+
+
+class BatchCompleter:
+    """Queues completions for the process's next start, or its thread after ``COMPLETION_DELAY``."""
+
+    def __init__(self) -> None:
+        self.done: list[tuple[str, int]] = []
+        self.cond = threading.Condition()
+        self.thread: threading.Thread | None = None
+        self.pid: int | None = None
+        self.stopping = threading.Event()
+        # (seconds, or a function returning them when the thread starts; fn) run on the thread
+        self._periodic: list[tuple[float | Callable[[], float], Callable[[], None]]] = []
+
+    def every(self, interval: float | Callable[[], float], fn: Callable[[], None]) -> None:
+        """Run ``fn`` every ``interval`` seconds on this completer's thread (its own connection)."""
+        self._periodic.append((interval, fn))
+
+    def ensure_thread(self) -> None:
+        """Start the thread in this process (a forked child starts its own)."""
+        with self.cond:
+            if self.thread is None or self.pid != os.getpid() or not self.thread.is_alive():
+                if self.pid is not None and self.pid != os.getpid():
+                    self.done = []  # a forked child's copy of its parent's queue: the parent's to write
+                self.pid = os.getpid()
+                self.stopping.clear()
+                self.thread = threading.Thread(target=self._loop, name="cron_at_scale-completer", daemon=True)
+                self.thread.start()
+
+    def complete(self, job_id: str, attempt: int) -> None:
+        """Hand over a succeeded attempt: the next start (or the thread) writes it."""
+        self.ensure_thread()
+        with self.cond:
+            self.done.append((job_id, attempt))
+            self.cond.notify()
+
+    def write_now(self, job_id: str, attempt: int) -> None:
+        """Write a succeeded attempt now, on this thread, with any handed over before it."""
+        with self.cond:
+            self.done.append((job_id, attempt))
+        self.flush()
+
+    def start(self, job_id: str, attempt: int, worker: str):
+        """Start ``attempt`` of ``job_id`` and write the completions handed over so far, in one
+        statement; the attempt's row (``outcome``, ``scheduled_at``, ...) or None if it is not to run.
+        The outcome is ``running``, or ``cancelled``/``skipped`` (recorded, not to run).
+
+        While PostgreSQL is unreachable (a restart, a failover) the start is tried again with a
+        backoff for up to half the dispatch lease: the message is in hand, and an attempt still
+        unstarted after its lease is fired again anyway. The same token goes with every try, so
+        a try that committed without its reply is found, not skipped. Then the error is raised.
+        """
+        token = str(uuid4())
+        deadline = time.monotonic() + float(conf.get("DISPATCH_LEASE")) / 2
+        pause = 0.2
+        while True:
+            try:
+                return self._write(job_id, attempt, worker, token)
+            except (OperationalError, InterfaceError) as e:
+                if time.monotonic() + pause > deadline:
+                    raise
+                log.warning("starting job %s attempt %d: database unavailable (%s); trying again in %.1fs",
+                            job_id, attempt, str(e).strip()[:200], pause)
+                db.reset_connection()
+                time.sleep(pause)
+                pause = min(2.0, pause * 2)
+
+    def flush(self) -> int:
+        """Write the completions handed over so far (one statement); return how many.
+        On a database error they stay queued and the error is raised."""
+        with self.cond:
+            n = len(self.done)
+        if n:
+            self._write(None, 0, "", None)
+        return n
+
+    def _write(self, job_id: str | None, attempt: int, worker: str, token: str | None):
+        with self.cond:
+            batch, self.done = self.done, []
+        try:
+            return write(job_id, attempt, worker, token, batch)
+        except BaseException:
+            with self.cond:
+                self.done[:0] = batch
+            raise
+
+    def _loop(self) -> None:
+        periodic = [(float(i() if callable(i) else i), fn) for i, fn in self._periodic]
+        due = [time.monotonic() + interval for interval, _ in periodic]
+        while not self.stopping.is_set():
+            with self.cond:
+                if not self.done:
+                    self.cond.wait(max(0.0, min(due, default=time.monotonic() + 1.0) - time.monotonic()))
+            if self.done and not self.stopping.is_set():  # the next task's start may carry them
+                self.stopping.wait(COMPLETION_DELAY)
+            try:  # keep going: a database blip must end neither the writes nor the periodic work
+                self.flush()
+            except Exception:
+                log.exception("writing completed attempts failed; trying again")
+                db.reset_connection()
+                time.sleep(0.5)
+            for i, (interval, fn) in enumerate(periodic):
+                if time.monotonic() >= due[i]:
+                    due[i] = time.monotonic() + interval
+                    try:
+                        fn()
+                    except Exception:
+                        log.exception("%s failed", getattr(fn, "__qualname__", fn))
+                        db.reset_connection()
+        connections.close_all()  # this thread's own
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Write what is queued, end the thread and close its connection (worker shutdown, tests)."""
+        self.stopping.set()
+        with self.cond:
+            self.cond.notify()
+        if self.thread is not None and self.pid == os.getpid():
+            self.thread.join(timeout)
+        if self.done:
+            self.flush()

@@ -1,0 +1,75 @@
+"""The lease of a running attempt: a heartbeat renews it while the task runs.
+
+Every ``HEARTBEAT_INTERVAL`` seconds one statement renews the leases of the
+attempts running in this process. It reports the jobs cancelled meanwhile
+(``cancel_requested``) and the attempts whose lease had already run out and
+that were reaped (``lease_lost``: the job fired again, a stall outlived
+``RUN_LEASE``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from cron_at_scale import conf
+from cron_at_scale import sql as db
+from cron_at_scale.worker.middleware.base import Middleware, Run
+from cron_at_scale.worker.middleware.context import JobContext
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat:
+    """The attempts running in this process, and the statement that renews their leases."""
+
+    def __init__(self) -> None:
+        self.running: dict[tuple[str, int], JobContext] = {}
+        self.lock = threading.Lock()
+
+    def add(self, ctx: JobContext) -> None:
+        with self.lock:
+            self.running[(str(ctx.job_id), ctx.attempt)] = ctx
+
+    def remove(self, ctx: JobContext) -> None:
+        with self.lock:
+            self.running.pop((str(ctx.job_id), ctx.attempt), None)
+
+    def beat(self) -> None:
+        """Renew the leases of the running attempts; flag the cancelled and the lost ones."""
+        with self.lock:
+            running = dict(self.running)
+        if not running:
+            return
+        rows = db.run("heartbeat", {
+            "lease": float(conf.get("RUN_LEASE")),
+            "job_ids": [k[0] for k in running],
+            "attempts": [k[1] for k in running],
+        })
+        for row in rows:
+            ctx = running.get((str(row.job_id), row.attempt))
+            if ctx is None:
+                continue
+            if row.reason == "cancelled":
+                ctx.cancel_requested = True
+            elif not ctx.lease_lost:
+                ctx.lease_lost = True
+                log.warning("job %s attempt %d: lease lost (reaped while running, the job fired again); "
+                            "its success will still be recorded", row.job_id, row.attempt)
+
+
+class Lease(Middleware):
+    """Puts the run under the process's heartbeat while the task runs."""
+
+    def __init__(self, heartbeat: Heartbeat, start_thread) -> None:
+        self.heartbeat = heartbeat
+        self.start_thread = start_thread  # the completer's thread runs the heartbeat
+
+    def before_run(self, run: Run) -> None:
+        assert run.ctx is not None
+        self.heartbeat.add(run.ctx)
+        self.start_thread()
+
+    def after_run(self, run: Run) -> None:
+        if run.ctx is not None:
+            self.heartbeat.remove(run.ctx)
