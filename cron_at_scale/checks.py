@@ -151,7 +151,7 @@ def check_retry_options(app_configs=None, **kwargs):
 @register()
 def check_beat_schedule(app_configs=None, **kwargs):
     """cron_at_scale.W006: each ``beat_schedule`` entry the beat drop-in would not run, by name."""
-    from cron_at_scale.beat.scheduler import unmapped
+    from cron_at_scale.beat.mapping import unmapped
     from cron_at_scale.celery_app import get_app
 
     if conf.problems():

@@ -13,12 +13,17 @@ from typing import Any
 __all__ = ["Scheduler", "sync_beat_schedule"]
 
 
-_FROM_SCHEDULER = ("Scheduler", "sync_beat_schedule", "SyncReport", "Unmappable", "crontab_to_cron", "schedule_spec",
-                   "entry_spec", "unmapped", "upsert", "zone_name", "KEY_PREFIX")
+_WHERE = {
+    "Scheduler": "scheduler",
+    **dict.fromkeys(("SyncReport", "sync_beat_schedule", "upsert", "KEY_PREFIX", "REMOVED_NOTE", "COMPARED_FIELDS"),
+                    "sync"),
+    **dict.fromkeys(("Unmappable", "crontab_to_cron", "schedule_spec", "entry_spec", "unmapped", "zone_name",
+                     "CARRIED_OPTIONS"), "mapping"),
+}
 
 
 def __getattr__(name: str) -> Any:
     # Lazy, as Celery resolves "cron_at_scale.beat:Scheduler"; a submodule's name never comes here.
-    if name in _FROM_SCHEDULER:
-        return getattr(importlib.import_module("cron_at_scale.beat.scheduler"), name)
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"cron_at_scale.beat.{_WHERE[name]}"), name)
     raise AttributeError(f"module 'cron_at_scale.beat' has no attribute {name!r}")

@@ -269,9 +269,9 @@ def workers(cur) -> list[dict[str, Any]]:
 
 
 def beat_unmapped() -> list[dict[str, str]]:
-    """The Celery app's ``beat_schedule`` entries the beat drop-in cannot map (``cron_at_scale.beat.unmapped``):
+    """The Celery app's ``beat_schedule`` entries the beat drop-in cannot map (``cron_at_scale.beat.mapping.unmapped``):
     ``[{"name", "reason"}]``; [] when the app does not load (``manage.py check`` says why)."""
-    from cron_at_scale.beat.scheduler import unmapped
+    from cron_at_scale.beat.mapping import unmapped
     from cron_at_scale.celery_app import get_app
 
     try:

@@ -45,7 +45,8 @@ from django.db import DatabaseError, transaction
 from cron_at_scale import cron as cronlib
 from cron_at_scale import sql as db
 from cron_at_scale.api.schedule import build_job, pause
-from cron_at_scale.beat import SyncReport, Unmappable, crontab_to_cron, upsert
+from cron_at_scale.beat.mapping import Unmappable, crontab_to_cron
+from cron_at_scale.beat.sync import SyncReport, upsert
 from cron_at_scale.exceptions import ValidationError
 from cron_at_scale.models import Job
 
