@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ValidationError as DjangoValidationError
 
 
@@ -42,3 +44,12 @@ class KeyConflict(ValidationError):
         super().__init__(field, message)
         self.fields = fields
         self.job = job
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` cut to ``limit`` characters, never failing (a 5000-digit int's repr raises)."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."

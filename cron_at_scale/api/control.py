@@ -21,8 +21,8 @@ from django.db.models.functions import Now
 from cron_at_scale import conf
 from cron_at_scale import sql as db
 from cron_at_scale.api.validation import RESUME_CHOICES, check_batch_size, check_text, job_uuid, show
-from cron_at_scale.broker.publish import Claimed
 from cron_at_scale.dispatcher.advance import advance
+from cron_at_scale.dispatcher.claimed import Claimed
 from cron_at_scale.exceptions import ValidationError
 from cron_at_scale.models import Job, ScheduleType, Status
 from cron_at_scale.policy.recurrence import NONE, Recurrence, plan

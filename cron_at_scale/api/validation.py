@@ -17,7 +17,7 @@ from typing import Any
 from cron_at_scale import conf
 from cron_at_scale import cron as cronlib
 from cron_at_scale.celery_app import is_registered
-from cron_at_scale.exceptions import ValidationError
+from cron_at_scale.exceptions import ValidationError, show
 from cron_at_scale.models import DEFAULT_CATCHUP_WINDOW, Catchup, Overlap
 
 ARGUMENTS = ["args", "kwargs", "at", "countdown", "cron", "every", "tz", "queue", "max_retries", "key",
@@ -34,15 +34,6 @@ MAX_INT_BITS = 1024  # far beyond any id or amount; Python refuses to print ints
 # Options a job may carry: Celery's message priority, the retry policy's overrides, and Celery's
 # ``expires`` (seconds; see cron_at_scale.policy.expiry).
 OPTIONS = {"priority", "retry_backoff", "retry_backoff_max", "retry_jitter", "retry_all_exceptions", "expires"}
-
-
-def show(value: Any, limit: int = 60) -> str:
-    """``repr(value)`` cut to ``limit`` characters, never failing (a 5000-digit int's repr raises)."""
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def check_storable(field: str, text: str, subject: str = "") -> None:

@@ -33,7 +33,7 @@ from kombu import Exchange, Queue
 from kombu.common import Broadcast
 from kombu.entity import maybe_delivery_mode
 
-from cron_at_scale.broker.publish import _EMBED, _REPR_MAX, HEADER, header
+from cron_at_scale.broker.message import EMBED, HEADER, REPR_MAX, header
 from cron_at_scale.models import task_id_for
 
 CONFIRM_TIMEOUT = 10.0  # seconds to wait for a batch's confirms (RabbitMQ gives them in milliseconds)
@@ -231,12 +231,12 @@ class AmqpPublisher:
                 task_id = task_id_for(c.job_id, c.attempt)
                 headers = dict(self._template(c.task))
                 headers["id"] = headers["root_id"] = task_id
-                headers["argsrepr"] = repr(args or ())[:_REPR_MAX]
-                headers["kwargsrepr"] = repr(kwargs)[:_REPR_MAX]
+                headers["argsrepr"] = repr(args or ())[:REPR_MAX]
+                headers["kwargsrepr"] = repr(kwargs)[:REPR_MAX]
                 headers[HEADER] = header(c)
                 if c.eta is not None:
                     headers["eta"] = c.eta.isoformat()
-                message = prepare(dumps([args, kwargs, _EMBED]).encode(), (c.options or {}).get("priority") or 0,
+                message = prepare(dumps([args, kwargs, EMBED]).encode(), (c.options or {}).get("priority") or 0,
                                   "application/json", "utf-8", headers,
                                   {"correlation_id": task_id, "reply_to": reply_to, "delivery_mode": r.delivery_mode})
                 publish(message, exchange=r.exchange, routing_key=r.routing_key, mandatory=True)

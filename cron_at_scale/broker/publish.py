@@ -40,76 +40,19 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from celery import Celery
 
+from cron_at_scale.broker.message import EMBED, HEADER, REPR_MAX, header
+from cron_at_scale.dispatcher.claimed import Claimed
 from cron_at_scale.models import task_id_for
 
 if TYPE_CHECKING:
     from cron_at_scale.broker.amqp import AmqpPublisher
 
 log = logging.getLogger(__name__)
-
-HEADER = "cron_at_scale"
-_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
-_REPR_MAX = 1024  # Celery's argsrepr_maxsize
-
-
-@dataclass(frozen=True, slots=True)  # slots: a pre-loaded burst holds a hundred thousand of them
-class Claimed:
-    """One claimed run, as the claim statement returned it."""
-
-    job_id: Any
-    attempt: int  # for a recurring job as claimed: its attempt counter before this claim
-    fire_at: datetime
-    schedule_type: str
-    cron_expr: str
-    timezone: str
-    task: str
-    payload: dict
-    queue: str
-    options: dict
-    occurrence: datetime | None = None  # a recurring run's nominal occurrence (fire_at minus jitter)
-    eta: datetime | None = None  # published before its fire_at (ETA_LEAD): Celery's eta, its fire_at
-    # (Redis list, message) built while the run was held (Publisher.prepare): at its time, only sent
-    envelope: tuple[str, str] | None = None
-
-    @classmethod
-    def from_row(cls, row, attempt: int | None = None, fire_at: datetime | None = None,
-                 occurrence: datetime | None = None) -> Claimed:
-        """A run from a row of ``claim`` or ``refire_cron`` (columns by name); ``attempt``,
-        ``fire_at`` and ``occurrence``, when given, instead of the row's (a recurring job's run)."""
-        # Django's PostgreSQL backend hands jsonb to raw cursors as text.
-        payload, options = row.payload, row.options
-        if isinstance(payload, str):
-            payload = json.loads(payload)
-        if isinstance(options, str):
-            options = {} if options == "{}" else json.loads(options)
-        return cls(row.id, row.attempts if attempt is None else attempt, row.fire_at if fire_at is None else fire_at,
-                   row.schedule_type, row.cron_expr, row.timezone, row.task, payload, row.queue, options, occurrence)
-
-
-    def with_eta(self) -> Claimed:
-        """This run published ahead of its ``fire_at``: Celery's eta set to it (``replace`` costs
-        ~14 µs a run, a burst's hundred thousand runs 1.4 s)."""
-        return Claimed(self.job_id, self.attempt, self.fire_at, self.schedule_type, self.cron_expr, self.timezone,
-                       self.task, self.payload, self.queue, self.options, self.occurrence, self.fire_at)
-
-    def prepared(self, envelope: tuple[str, str]) -> Claimed:
-        """This run with its message built (``envelope``: the Redis list and the message)."""
-        return Claimed(self.job_id, self.attempt, self.fire_at, self.schedule_type, self.cron_expr, self.timezone,
-                       self.task, self.payload, self.queue, self.options, self.occurrence, self.eta, envelope)
-
-
-def header(c: Claimed) -> dict:
-    """The ``cron_at_scale`` message header: which run this is. ``fire_at``: when it was due;
-    ``occurrence``: the schedule's nominal time of a recurring run (``fire_at`` without jitter)."""
-    return {"job_id": str(c.job_id), "attempt": c.attempt, "fire_at": c.fire_at.isoformat(),
-            "occurrence": (c.occurrence or c.fire_at).isoformat()}
-
 
 class Publisher:
     """Sends claimed runs to the broker of ``app``; keeps one broker connection between batches."""
@@ -295,10 +238,10 @@ class Publisher:
         if len(times) > 4096:
             times.clear()
         values = {
-            "body": '"' + base64.b64encode(json.dumps([args, kwargs, _EMBED]).encode()).decode() + '"',
+            "body": '"' + base64.b64encode(json.dumps([args, kwargs, EMBED]).encode()).decode() + '"',
             "id": task_id,
-            "argsrepr": json.dumps(repr(args or ())[:_REPR_MAX]),
-            "kwargsrepr": '"{}"' if not kwargs else json.dumps(repr(kwargs)[:_REPR_MAX]),
+            "argsrepr": json.dumps(repr(args or ())[:REPR_MAX]),
+            "kwargsrepr": '"{}"' if not kwargs else json.dumps(repr(kwargs)[:REPR_MAX]),
             "header": f'{{"job_id": "{job_id}", "attempt": {int(c.attempt)}, "fire_at": {fire_at}, "occurrence": {occ}}}',
             "tag": f'"{uuid.uuid4()}"',
             "eta": (times.get(c.eta) or times.setdefault(c.eta, f'"{c.eta.isoformat()}"')) if c.eta is not None

@@ -12,7 +12,7 @@ import logging
 from dataclasses import replace
 
 from cron_at_scale import sql as db
-from cron_at_scale.broker.publish import Claimed
+from cron_at_scale.dispatcher.claimed import Claimed
 from cron_at_scale.policy.recurrence import Occurrences, Plan, Recurrence, plan
 
 log = logging.getLogger(__name__)

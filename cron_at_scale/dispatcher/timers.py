@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from cron_at_scale.broker.publish import Claimed
+from cron_at_scale.dispatcher.claimed import Claimed
 
 log = logging.getLogger(__name__)
 

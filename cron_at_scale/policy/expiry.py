@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from cron_at_scale.exceptions import ValidationError
+from cron_at_scale.exceptions import ValidationError, show
 
 if TYPE_CHECKING:
-    from cron_at_scale.broker.publish import Claimed
+    from cron_at_scale.dispatcher.claimed import Claimed
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,6 @@ FIELD = "expires"
 
 
 def _show(value: Any) -> str:
-    from cron_at_scale.api.validation import show
-
     return show(value, 40)
 
 
