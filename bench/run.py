@@ -223,7 +223,7 @@ def django_up():
     import django
 
     django.setup()
-    from cron_at_scale.app import get_app
+    from cron_at_scale.celery_app import get_app
     from django.conf import settings
     from django.core.management import call_command
     from django.db import connection

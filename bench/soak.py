@@ -153,7 +153,7 @@ def feeder(args) -> int:
     import django
 
     django.setup()
-    from cron_at_scale.app import get_app
+    from cron_at_scale.celery_app import get_app
 
     import cron_at_scale
 
