@@ -223,10 +223,11 @@ def django_up():
     import django
 
     django.setup()
-    from cron_at_scale.celery_app import get_app
     from django.conf import settings
     from django.core.management import call_command
     from django.db import connection
+
+    from cron_at_scale.celery_app import get_app
 
     call_command("migrate", verbosity=0)
     app = get_app()

@@ -153,9 +153,8 @@ def feeder(args) -> int:
     import django
 
     django.setup()
-    from cron_at_scale.celery_app import get_app
-
     import cron_at_scale
+    from cron_at_scale.celery_app import get_app
 
     get_app().loader.import_default_modules()
     seconds = int(round(args.minutes * 60))
