@@ -23,10 +23,11 @@ from celery import Task
 from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 from django.db import connections
 
-from cron_at_scale import conf  # noqa: F401 (worker_health: its signal handlers)
+from cron_at_scale import conf
 from cron_at_scale.broker.publish import HEADER
 from cron_at_scale.ops.identity import process_name
 from cron_at_scale.policy import retry
+from cron_at_scale.worker import health as worker_health  # noqa: F401 (its signal handlers)
 from cron_at_scale.worker.attempts import COMPLETION_DELAY, BatchCompleter, InlineCompleter
 from cron_at_scale.worker.middleware import JobContext, Middleware, Run, SkipJob, current_job
 from cron_at_scale.worker.middleware.cancellation import Cancellation
