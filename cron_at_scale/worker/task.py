@@ -113,7 +113,9 @@ class JobTask(Task):
     """
 
     # Celery's request class, which holds a message published ahead of its fire_at until then
-    # on the database's clock (see cron_at_scale.worker.clock).
+    # on the database's clock (see cron_at_scale.worker.clock). A Celery mechanism, not a concern:
+    # such mechanisms are wired here or in cron_at_scale.worker.signals (the rule:
+    # cron_at_scale.worker.middleware).
     Request = "cron_at_scale.worker.clock:JobRequest"
 
     def schedule(self, **spec: Any):
