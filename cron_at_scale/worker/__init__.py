@@ -1,10 +1,11 @@
 """The worker side: what runs inside ``celery worker``.
 
 ``task`` (:class:`JobTask`, the task class: ``task_cls="cron_at_scale.worker:JobTask"``),
-``middleware/`` (one class per concern, run around each scheduled message), ``attempts``
-(the writer of started and finished attempts), ``clock`` (the database clock, read once
-per process), ``health`` (a worker that stopped consuming), ``lost`` (a pool process that
-died in a run).
+``middleware/`` (one class per concern: a worker concern is a middleware; their order is
+``task.MIDDLEWARE``'s), ``signals`` (Celery's signals, connected once, calling the middleware's
+per-process hooks), ``attempts`` (the writer of started and finished attempts), ``clock`` (the
+database clock, read once per process), ``health`` (a worker that stopped consuming), ``lost``
+(a pool process that died in a run).
 """
 
 from __future__ import annotations

@@ -1,16 +1,25 @@
-"""Writing a worker process's completed attempts: one interface, an inline and a batched version.
+"""Writing a worker process's attempts: their starts and their completions, one interface, an
+inline and a batched version. This module writes attempts; the concerns that decide what to
+write are the middleware (:mod:`cron_at_scale.worker.middleware`).
 
 Both write through ``start_attempt``, the statement that also starts an
 attempt: a succeeded attempt is closed, and its one-off job completed, in the
-same round trip as the next start (see ``queries.sql``).
+same round trip as the next start (see ``queries.sql``). That is why the start
+is sent by the writer (:meth:`BatchCompleter.start`, called by the
+``IdempotentStart`` middleware) and not by the middleware itself: the start
+carries the completions queued before it, one round trip per task instead of
+two (a measured optimisation, ``docs/benchmarks.md``).
 
 * :class:`InlineCompleter` writes each completion at once: an eager run
   (``task.apply()``) or a run inside the caller's transaction, whose caller
   reads the outcome next.
 * :class:`BatchCompleter` queues them: the process's next start carries them,
   or, if no task follows within ``COMPLETION_DELAY`` seconds, its thread writes
-  them, many per statement. The thread also runs the process's periodic work
-  (the lease heartbeat, :meth:`BatchCompleter.every`) on its own connection.
+  them, many per statement. Other concerns may put periodic statements on that
+  thread (:meth:`BatchCompleter.every`; the ``Lease`` middleware's heartbeat,
+  :func:`cron_at_scale.worker.middleware.lease.beat_on`), so that a pool
+  process holds one background thread and one connection, not one per concern;
+  what they run, and when, is theirs.
 
 A completion not yet written when the process dies is not lost work: its
 attempt's lease expires and the job runs again (at-least-once), as if the

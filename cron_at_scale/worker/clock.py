@@ -14,6 +14,10 @@ So the worker's main process measures its clock's offset from the database's
 dispatcher published onto the worker's clock. The message itself is the one
 ``send_task(..., eta=fire_at)`` sends; a worker without this class starts it at
 the eta by its own clock, still never before its ``fire_at`` by the database's.
+
+A request class is one of Celery's mechanisms, not a worker concern: it is installed by the
+task class (``JobTask.Request``), as the rule of :mod:`cron_at_scale.worker.middleware` says;
+the offset is measured by the ``WorkerHealth`` middleware's watchdog (:mod:`.health`).
 """
 
 from __future__ import annotations

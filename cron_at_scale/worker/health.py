@@ -1,13 +1,16 @@
 """A Celery worker that stops consuming is seen, and recovers or exits so its supervisor restarts it.
 
 After a broker restart a Celery worker can stay alive and consume nothing (seen with Celery 5.7 /
-kombu 5.7 on Redis): nothing in Celery notices. This module runs in the worker's main process,
-connected through Celery signals (imported by :mod:`cron_at_scale.worker`):
+kombu 5.7 on Redis): nothing in Celery notices. :class:`WorkerHealth`, a middleware of
+``cron_at_scale.worker.task.MIDDLEWARE``, runs in the worker's main process through its
+per-process hooks:
 
-* ``task_received`` (main process, per message): notes the time in memory. No I/O per task.
-* ``task_prerun`` / ``task_postrun`` (pool processes): count the tasks executing in a counter
-  shared with the main process (created before the pool forks), so the watchdog knows whether
-  a pool slot is free.
+* ``before_worker_boot`` (before the pool forks): a counter shared with the pool processes;
+  ``after_worker_boot`` (consuming): the watchdog thread starts; ``after_worker_shutdown``:
+  it stops and writes the final row.
+* ``after_message_received`` (main process, per message): notes the time in memory. No I/O per task.
+* ``before_process_message`` / ``after_process_message`` (pool processes): count the tasks
+  executing in that shared counter, so the watchdog knows whether a pool slot is free.
 * A watchdog thread wakes every ``WORKER_HEARTBEAT_INTERVAL`` seconds. If nothing was received
   since its last look, it asks the broker how many messages wait in the queues this worker
   started with (one ``queue_declare(passive=True)`` per queue; none while messages keep
@@ -42,7 +45,7 @@ import threading
 import time
 from typing import Any
 
-from celery.signals import task_postrun, task_prerun, task_received, worker_init, worker_ready, worker_shutdown
+from cron_at_scale.worker.middleware.base import Middleware
 
 log = logging.getLogger(__name__)
 
@@ -290,61 +293,53 @@ class Watchdog:
 watchdog = Watchdog()
 
 
-@worker_init.connect
-def _on_worker_init(sender=None, **kwargs):
-    # Main process, before the pool forks: the counter the pool processes share with it.
-    watchdog.pid = os.getpid()
-    watchdog.worker = sender
-    watchdog.running = multiprocessing.Value("i", 0)
-    concurrency = getattr(sender, "concurrency", None)
-    watchdog.concurrency = max(1, int(concurrency)) if isinstance(concurrency, int) else 1
+class WorkerHealth(Middleware):
+    """The process's :data:`watchdog`, driven by the worker's per-process hooks (see the module doc)."""
 
+    def before_worker_boot(self, worker: Any) -> None:
+        # Main process, before the pool forks: the counter the pool processes share with it.
+        watchdog.pid = os.getpid()
+        watchdog.worker = worker
+        watchdog.running = multiprocessing.Value("i", 0)
+        concurrency = getattr(worker, "concurrency", None)
+        watchdog.concurrency = max(1, int(concurrency)) if isinstance(concurrency, int) else 1
 
-@worker_ready.connect
-def _on_worker_ready(sender=None, **kwargs):
-    if sender is None or watchdog.thread is not None:
-        return
-    watchdog.consumer = sender
-    watchdog.name = sender.hostname
-    watchdog.queues = sorted({q.name for q in sender.task_consumer.queues})
-    watchdog.started = time.monotonic()
-    watchdog.start()
+    def after_worker_boot(self, consumer: Any) -> None:
+        if consumer is None or watchdog.thread is not None:
+            return
+        watchdog.consumer = consumer
+        watchdog.name = consumer.hostname
+        watchdog.queues = sorted({q.name for q in consumer.task_consumer.queues})
+        watchdog.started = time.monotonic()
+        watchdog.start()
 
+    def after_message_received(self, request: Any) -> None:
+        # Per message, main process: memory only (the heartbeat writes it).
+        watchdog.received += 1
+        watchdog.last_received = time.monotonic()
 
-@task_received.connect
-def _on_task_received(**kwargs):
-    # Per message, main process: memory only (the heartbeat writes it).
-    watchdog.received += 1
-    watchdog.last_received = time.monotonic()
+    def before_process_message(self, task: Any) -> None:
+        counter = watchdog.running
+        if counter is not None:
+            with counter.get_lock():
+                counter.value += 1
 
+    def after_process_message(self, task: Any) -> None:
+        counter = watchdog.running
+        if counter is not None:
+            with counter.get_lock():
+                counter.value -= 1
 
-@task_prerun.connect
-def _on_task_prerun(**kwargs):
-    counter = watchdog.running
-    if counter is not None:
-        with counter.get_lock():
-            counter.value += 1
-
-
-@task_postrun.connect
-def _on_task_postrun(**kwargs):
-    counter = watchdog.running
-    if counter is not None:
-        with counter.get_lock():
-            counter.value -= 1
-
-
-@worker_shutdown.connect
-def _on_worker_shutdown(sender=None, **kwargs):
-    if watchdog.thread is None or watchdog.pid != os.getpid():
-        return
-    watchdog.stop()
-    if watchdog.exit_requested:
-        if sender is not None:
-            sender.exitcode = EXIT_STATUS  # what `celery worker` exits with
-        return
-    watchdog.state, watchdog.note = "stopped", ""
-    try:
-        watchdog.write()
-    except Exception:  # noqa: BLE001 (the row ages out; cron_status shows it not alive)
-        log.warning("worker health: could not record the shutdown")
+    def after_worker_shutdown(self, worker: Any) -> None:
+        if watchdog.thread is None or watchdog.pid != os.getpid():
+            return
+        watchdog.stop()
+        if watchdog.exit_requested:
+            if worker is not None:
+                worker.exitcode = EXIT_STATUS  # what `celery worker` exits with
+            return
+        watchdog.state, watchdog.note = "stopped", ""
+        try:
+            watchdog.write()
+        except Exception:  # noqa: BLE001 (the row ages out; cron_status shows it not alive)
+            log.warning("worker health: could not record the shutdown")

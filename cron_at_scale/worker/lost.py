@@ -12,7 +12,8 @@ process sees it at once and sends Celery's ``task_failure`` signal there
 * ``billiard.exceptions.WorkerLostError`` for a child that died (its
   message says the signal or exit code).
 
-This module, loaded in the parent by ``cron_at_scale.worker``, records such
+:class:`LostProcess`, a middleware of ``cron_at_scale.worker.task.MIDDLEWARE``
+(its hooks run in the parent, from Celery's signals), records such
 a failure of a scheduled run as the job's own, as the middleware does for an
 exception (``middleware.retry_policy.RetryPolicy``), instead of leaving the attempt to
 expire after ``RUN_LEASE`` and count as lost toward ``MAX_LOST_ATTEMPTS``:
@@ -47,7 +48,6 @@ import socket
 import weakref
 
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
-from celery.signals import task_failure, task_received, worker_process_init, worker_shutting_down
 from django.db import connection
 
 from cron_at_scale import conf
@@ -56,6 +56,7 @@ from cron_at_scale.broker.publish import HEADER
 from cron_at_scale.exceptions import RetryableError
 from cron_at_scale.ops import metrics
 from cron_at_scale.policy import retry
+from cron_at_scale.worker.middleware.base import Middleware
 
 log = logging.getLogger(__name__)
 
@@ -67,22 +68,23 @@ _SIGNAL = re.compile(r"signal (\d+) \((\w+)\)")
 _EXITCODE = re.compile(r"exitcode (-?\d+)")
 
 
-@task_received.connect
-def _remember(sender=None, request=None, **kwargs) -> None:
-    """Parent: keep the request of a scheduled message (its header and, once started, its pool pid)."""
-    if request is not None and isinstance((request.request_dict or {}).get(HEADER), dict):
-        _requests[request.id] = request
+class LostProcess(Middleware):
+    """The parent's record of a pool process that died in a scheduled run (see the module doc)."""
 
+    def after_message_received(self, request) -> None:
+        """Parent: keep the request of a scheduled message (its header and, once started, its pool pid)."""
+        if request is not None and isinstance((request.request_dict or {}).get(HEADER), dict):
+            _requests[request.id] = request
 
-@worker_process_init.connect
-def _forget_in_child(**kwargs) -> None:
-    _requests.clear()  # a pool child's copy of its parent's requests: not its own
+    def after_process_boot(self) -> None:
+        _requests.clear()  # a pool child's copy of its parent's requests: not its own
 
+    def before_worker_shutdown(self) -> None:
+        global _shutting_down
+        _shutting_down = True
 
-@worker_shutting_down.connect
-def _shutting(**kwargs) -> None:
-    global _shutting_down
-    _shutting_down = True
+    def after_task_failure(self, task, task_id: str, exc: BaseException) -> None:
+        _on_task_failure(task, task_id, exc)
 
 
 def cause_of(exc: BaseException) -> tuple[str, bool]:
@@ -100,8 +102,7 @@ def cause_of(exc: BaseException) -> tuple[str, bool]:
     return f"worker process lost: {text}", True
 
 
-@task_failure.connect
-def _on_task_failure(sender=None, task_id=None, exception=None, **kwargs) -> None:
+def _on_task_failure(sender, task_id, exception) -> None:
     if not isinstance(exception, (TimeLimitExceeded, WorkerLostError)):
         return  # raised in the task: the middleware recorded it in the child
     request = _requests.pop(task_id, None)  # popped: Celery 5.7 reports a hard time limit twice

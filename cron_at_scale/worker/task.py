@@ -6,36 +6,34 @@ gets it::
     app = Celery("proj", task_cls="cron_at_scale.worker:JobTask")
 
 A message the dispatcher published carries a ``cron_at_scale`` header; such a
-message runs through :data:`MIDDLEWARE` (:mod:`cron_at_scale.worker.middleware`, one
-concern per class, in this order): the idempotent start, cancellation,
-``current_job()``, the lease heartbeat, the retry policy, the dead-letter
-queue, the completion, the metrics. Messages without the header
+message runs through the middleware of :data:`MIDDLEWARE` (below: the list, its
+order and what each does are stated there only). Messages without the header
 (``task.delay()``) run exactly as before.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from celery import Task
-from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
 from django.db import connections
 
-from cron_at_scale import conf
 from cron_at_scale.broker.publish import HEADER
 from cron_at_scale.ops.identity import process_name
 from cron_at_scale.policy import retry
-from cron_at_scale.worker import health as worker_health  # noqa: F401 (its signal handlers)
 from cron_at_scale.worker.attempts import COMPLETION_DELAY, BatchCompleter, InlineCompleter
+from cron_at_scale.worker.health import WorkerHealth
+from cron_at_scale.worker.lost import LostProcess
 from cron_at_scale.worker.middleware import JobContext, Middleware, Run, SkipJob, current_job
+from cron_at_scale.worker.middleware.base import Hooks
 from cron_at_scale.worker.middleware.cancellation import Cancellation
 from cron_at_scale.worker.middleware.completion import Completion
 from cron_at_scale.worker.middleware.context import CurrentJob
 from cron_at_scale.worker.middleware.dead_letter import DeadLetter
-from cron_at_scale.worker.middleware.lease import Heartbeat, Lease
+from cron_at_scale.worker.middleware.lease import Heartbeat, Lease, beat_on
 from cron_at_scale.worker.middleware.metrics import Metrics
+from cron_at_scale.worker.middleware.refuse_pickle import RefusePickle
 from cron_at_scale.worker.middleware.retry_policy import RetryPolicy, ScheduledRetry
 from cron_at_scale.worker.middleware.start import IdempotentStart
 
@@ -61,14 +59,13 @@ worker_name = process_name  # the old name
 
 class AttemptWriter(BatchCompleter):
     """A worker process's writes besides a task's own start: its batched completions
-    (:class:`~cron_at_scale.worker.attempts.BatchCompleter`) and, on the same thread, the heartbeat of
-    its running attempts every ``HEARTBEAT_INTERVAL`` seconds
-    (:class:`~cron_at_scale.worker.middleware.lease.Heartbeat`)."""
+    (:class:`~cron_at_scale.worker.attempts.BatchCompleter`), and the lease heartbeat of its
+    running attempts (:class:`~cron_at_scale.worker.middleware.lease.Heartbeat`, put on the
+    writer's thread by :func:`~cron_at_scale.worker.middleware.lease.beat_on`)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.heartbeat = Heartbeat()
-        self.every(lambda: float(conf.get("HEARTBEAT_INTERVAL")), self.heartbeat.beat)
+        self.heartbeat = beat_on(self, Heartbeat())
 
     @property
     def running(self) -> dict[tuple[str, int], JobContext]:
@@ -89,37 +86,24 @@ class AttemptWriter(BatchCompleter):
 
 writer = AttemptWriter()
 
-# The order is the contract: each concern may rely on the ones before it.
 MIDDLEWARE: list[Middleware] = [
-    IdempotentStart(writer),
-    Cancellation(),
-    CurrentJob(),
-    Lease(writer.heartbeat, writer.ensure_thread),
-    RetryPolicy(),
-    DeadLetter(),
-    Completion(writer, InlineCompleter()),
-    Metrics(),
+    # What a worker does, one concern per middleware (cron_at_scale.worker.middleware.base.Middleware
+    # lists the hooks). This list is the one statement of their order: each may rely on the ones
+    # before it; every hook runs in this order, after_run in reverse. Append to it, or replace it,
+    # before or after import: the hooks are read when a worker starts and whenever it changes.
+    RefusePickle(),                     # at worker init: a JobTask app that would accept pickle
+    WorkerHealth(),                     # the main process's watchdog of its own consumption
+    LostProcess(),                      # the parent records a pool process that died in a run
+    IdempotentStart(writer),            # per message: start the attempt; a duplicate is skipped
+    Cancellation(),                     # a job cancelled (or completed) since its claim is skipped
+    CurrentJob(),                       # current_job() for the task
+    Lease(writer.heartbeat, writer.ensure_thread),  # the heartbeat renews the lease while the task runs
+    RetryPolicy(),                      # a failure: retry with backoff, or failed
+    DeadLetter(),                       # a one-off job's final failure goes to the DLQ
+    Completion(writer, InlineCompleter()),  # the success, batched; the writer flushed at shutdown
+    Metrics(),                          # lags and outcomes
 ]
-
-
-@worker_process_shutdown.connect
-@worker_shutdown.connect
-def _flush_at_shutdown(**kwargs) -> None:
-    if writer.pid == os.getpid():
-        try:
-            writer.stop()
-        except Exception:  # the leases expire and the jobs run again: at-least-once
-            log.exception("could not write %d completed attempts at shutdown", len(writer.done))
-
-
-@worker_init.connect
-def _refuse_pickle(sender=None, **kwargs):
-    """A worker of an app set up with JobTask refuses to start if it would accept pickle."""
-    from cron_at_scale.celery_app import refuse_pickle
-
-    app = getattr(sender, "app", None)
-    if app is not None and isinstance(app.Task, type) and issubclass(app.Task, JobTask):
-        refuse_pickle(app)
+hooks = Hooks(lambda: MIDDLEWARE)  # per hook, the middleware that override it (read at worker start)
 
 
 class JobTask(Task):
@@ -129,7 +113,9 @@ class JobTask(Task):
     """
 
     # Celery's request class, which holds a message published ahead of its fire_at until then
-    # on the database's clock (see cron_at_scale.worker.clock).
+    # on the database's clock (see cron_at_scale.worker.clock). A Celery mechanism, not a concern:
+    # such mechanisms are wired here or in cron_at_scale.worker.signals (the rule:
+    # cron_at_scale.worker.middleware).
     Request = "cron_at_scale.worker.clock:JobRequest"
 
     def schedule(self, **spec: Any):
@@ -154,22 +140,12 @@ class JobTask(Task):
         return _run_scheduled(self, meta, args, kwargs)
 
 
-def _hooked(hook: str) -> list[Middleware]:
-    """The middleware of MIDDLEWARE that override ``hook`` (the others' would do nothing), in order."""
-    return [m for m in MIDDLEWARE if getattr(type(m), hook) is not getattr(Middleware, hook)]
-
-
-# Per hook, computed once: a task pays for the hooks that do something, not for empty calls.
-_FAILURE, _SUCCESS = _hooked("after_failure"), _hooked("after_success")
-_ENTER = [(m, m in _hooked("before_run"), m in _hooked("after_run")) for m in MIDDLEWARE]
-_ENTER = [(m, before, after) for m, before, after in _ENTER if before or after]
-
-
 def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
+    lists = hooks.current()  # once per message: a change of MIDDLEWARE applies from the next one
     run = Run(task, meta, worker_name())
     entered: list[Middleware] = []
     try:
-        for m, before, after in _ENTER:
+        for m, before, after in lists.enter:
             if before:
                 m.before_run(run)
             if after:
@@ -178,12 +154,12 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
         try:
             result = fn(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 (every task error is recorded; BaseException is a dying worker)
-            for m in _FAILURE:
+            for m in lists["after_failure"]:
                 m.after_failure(run, exc)
             if run.outcome == "retried":
                 raise SkipJob() from exc  # retried: a database state, not a Celery failure
             raise
-        for m in _SUCCESS:
+        for m in lists["after_success"]:
             m.after_success(run, result)
         return result
     finally:
@@ -213,4 +189,4 @@ def _drop_broken_connections() -> None:
             conn.close_if_unusable_or_obsolete()
 
 
-from cron_at_scale.worker import lost as worker_lost  # noqa: E402,F401  (its signal receivers: the parent records a pool process dying in a run)
+from cron_at_scale.worker import signals  # noqa: E402,F401  (Celery's signals, connected once, call the middleware's hooks)

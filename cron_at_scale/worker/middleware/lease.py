@@ -5,6 +5,11 @@ attempts running in this process. It reports the jobs cancelled meanwhile
 (``cancel_requested``) and the attempts whose lease had already run out and
 that were reaped (``lease_lost``: the job fired again, a stall outlived
 ``RUN_LEASE``).
+
+The statement runs on the process's writer thread (:func:`beat_on`,
+:meth:`~cron_at_scale.worker.attempts.BatchCompleter.every`): a pool process
+keeps one background thread and one connection for both its batched
+completions and its heartbeat, rather than one of each per concern.
 """
 
 from __future__ import annotations
@@ -58,12 +63,19 @@ class Heartbeat:
                             "its success will still be recorded", row.job_id, row.attempt)
 
 
+def beat_on(thread_host, heartbeat: Heartbeat) -> Heartbeat:
+    """Run ``heartbeat`` every ``HEARTBEAT_INTERVAL`` seconds (read when the thread starts) on the
+    thread of ``thread_host`` (the process's :class:`~cron_at_scale.worker.attempts.BatchCompleter`)."""
+    thread_host.every(lambda: float(conf.get("HEARTBEAT_INTERVAL")), heartbeat.beat)
+    return heartbeat
+
+
 class Lease(Middleware):
     """Puts the run under the process's heartbeat while the task runs."""
 
     def __init__(self, heartbeat: Heartbeat, start_thread) -> None:
         self.heartbeat = heartbeat
-        self.start_thread = start_thread  # the completer's thread runs the heartbeat
+        self.start_thread = start_thread  # the writer's thread runs the heartbeat (beat_on)
 
     def before_run(self, run: Run) -> None:
         assert run.ctx is not None

@@ -1,0 +1,91 @@
+"""Celery's signals, connected once: each calls the matching hook of every middleware of
+:data:`cron_at_scale.worker.task.MIDDLEWARE` that overrides it, in that list's order.
+
+This is the only module of the worker that connects a Celery signal. A worker concern is a
+middleware (:class:`~cron_at_scale.worker.middleware.base.Middleware`, which lists the hooks and
+the signal behind each); the Celery mechanisms a concern needs are wired here (a signal) or on
+the task class (``JobTask.Request``, the request class of :mod:`cron_at_scale.worker.clock`).
+
+A hook's exception is logged and the next middleware's hook still runs, as Celery does for its
+own receivers. The hook lists are read again when a worker or pool process starts
+(``worker_init``, ``worker_process_init``) and whenever ``MIDDLEWARE`` changes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import signals
+
+from cron_at_scale.worker.task import hooks
+
+log = logging.getLogger(__name__)
+
+
+def call(hook: str, *args: Any) -> None:
+    """Call ``hook`` of every middleware overriding it, in order; log (and pass) a hook's error."""
+    for m in hooks[hook]:
+        try:
+            getattr(m, hook)(*args)
+        except Exception:  # noqa: BLE001 (one concern's bug must not silence the others)
+            log.exception("%s.%s failed", type(m).__qualname__, hook)
+
+
+def _connect(signal, name: str):
+    def decorator(fn):
+        signal.connect(fn, weak=False, dispatch_uid=f"cron_at_scale.worker.signals.{name}")
+        return fn
+    return decorator
+
+
+@_connect(signals.worker_init, "worker_init")
+def _worker_init(sender=None, **kwargs) -> None:
+    hooks.refresh()  # the hooks of MIDDLEWARE as the worker starts, not as it was imported
+    call("before_worker_boot", sender)
+
+
+@_connect(signals.worker_ready, "worker_ready")
+def _worker_ready(sender=None, **kwargs) -> None:
+    call("after_worker_boot", sender)
+
+
+@_connect(signals.worker_process_init, "worker_process_init")
+def _worker_process_init(**kwargs) -> None:
+    hooks.refresh()
+    call("after_process_boot")
+
+
+@_connect(signals.worker_process_shutdown, "worker_process_shutdown")
+def _worker_process_shutdown(**kwargs) -> None:
+    call("before_process_shutdown")
+
+
+@_connect(signals.worker_shutting_down, "worker_shutting_down")
+def _worker_shutting_down(**kwargs) -> None:
+    call("before_worker_shutdown")
+
+
+@_connect(signals.worker_shutdown, "worker_shutdown")
+def _worker_shutdown(sender=None, **kwargs) -> None:
+    call("after_worker_shutdown", sender)
+
+
+@_connect(signals.task_received, "task_received")
+def _task_received(sender=None, request=None, **kwargs) -> None:
+    call("after_message_received", request)
+
+
+@_connect(signals.task_prerun, "task_prerun")
+def _task_prerun(sender=None, task=None, **kwargs) -> None:
+    call("before_process_message", task if task is not None else sender)
+
+
+@_connect(signals.task_postrun, "task_postrun")
+def _task_postrun(sender=None, task=None, **kwargs) -> None:
+    call("after_process_message", task if task is not None else sender)
+
+
+@_connect(signals.task_failure, "task_failure")
+def _task_failure(sender=None, task_id=None, exception=None, **kwargs) -> None:
+    call("after_task_failure", sender, task_id, exception)
