@@ -21,10 +21,12 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from typing import ClassVar
 
-from django.db import InterfaceError, OperationalError, connections
+from django.db import connections
 
 from cron_at_scale import sql as db
+from cron_at_scale.maintenance.loop import CONNECTION_ERRORS, Loop
 
 log = logging.getLogger(__name__)
 
@@ -121,18 +123,34 @@ class ShardFloors:
                     self.floors[shard] = fire_at
 
 
-class FloorProbe:
+class FloorProbe(Loop):
     """A thread of the dispatcher, on a database connection of its own, that finds due rows
     below the floors (``floor_probe``: the first one of each shard, no lock taken) every
     ``floors.interval`` seconds and lowers the floors to them; the next claim takes them.
     ``held``: the claim's held-queue parameters (rows the claim would skip are not looked for).
+
+    It takes the shape of the maintenance loops (:class:`~cron_at_scale.maintenance.loop.Loop`)
+    but keeps its thread: ``run_once()`` is one search (``probe``), ``interval`` is the floors'
+    (``sweep`` seconds, longer while a search is slow), and the thread, not the dispatcher's
+    loop, calls ``run_pass()`` every ``interval`` seconds under the loops' error policy: a
+    database connection error is the thread's to handle (logged, the connection reset), any
+    other is logged; the next search comes after the interval either way.
     """
 
+    name = "floor probe"
+    idle: ClassVar[dict[int, datetime]] = {}  # returned after a failed search: nothing found (not to be changed)
+
     def __init__(self, floors: ShardFloors, held: Callable[[], dict]):
+        super().__init__()  # its interval is the floors'
         self.floors = floors
         self.held = held
         self.stopping = threading.Event()
         self.thread: threading.Thread | None = None
+
+    @property
+    def interval(self) -> float:  # type: ignore[override]  # read-only: the floors decide
+        """Seconds between two searches: the floors' (see :attr:`ShardFloors.interval`)."""
+        return self.floors.interval
 
     def start(self) -> None:
         if self.thread is None:
@@ -160,15 +178,16 @@ class FloorProbe:
         self.floors.lower(found)
         return found
 
+    def run_once(self) -> dict[int, datetime]:
+        return self.probe()
+
     def _loop(self) -> None:
         try:
-            while not self.stopping.wait(self.floors.interval):
+            while not self.stopping.wait(self.interval):
                 try:
-                    self.probe()
-                except (OperationalError, InterfaceError) as e:
+                    self.run_pass()
+                except CONNECTION_ERRORS as e:
                     log.warning("floor probe: database unavailable (%s)", str(e).strip()[:200])
                     db.reset_connection()
-                except Exception:
-                    log.exception("floor probe failed")
         finally:
             connections.close_all()  # this thread's own

@@ -29,9 +29,11 @@ from cron_at_scale.dispatcher.preload import Preload
 from cron_at_scale.dispatcher.shards import AllShards, ShardLeases
 from cron_at_scale.dispatcher.timers import TIMER_SLICE, HeldRuns
 from cron_at_scale.dispatcher.wakeup import Wakeup
-from cron_at_scale.maintenance import history, retention
+from cron_at_scale.maintenance.history import HistoryTrim
+from cron_at_scale.maintenance.loop import Loop
 from cron_at_scale.maintenance.overdue import OverdueWatch
 from cron_at_scale.maintenance.reaper import Reaper
+from cron_at_scale.maintenance.retention import Retention
 from cron_at_scale.ops import metrics
 from cron_at_scale.ops.identity import process_name
 from cron_at_scale.policy import expiry
@@ -83,10 +85,16 @@ class Dispatcher:
             conf.get("HOLD_UNCONSUMED_QUEUES") if hold_unconsumed is None else hold_unconsumed))
         # publishes on its own thread; a failing batch is retried for half its dispatch lease
         self.sender = Sender(self.publisher, self._sent, retry_for=self.lease / 2)
-        # re-fired runs go out through this dispatcher's sender
-        self.reaper = Reaper(self._publish, self.app, lease=self.lease, batch_size=self.batch_size)
+        # re-fired runs go out through this dispatcher's sender; they keep an expiring fire_at, maybe
+        # below a floor: the claim's floors are reset after a pass that reaped
+        self.reaper = Reaper(self._publish, self.app, lease=self.lease, batch_size=self.batch_size,
+                             on_reaped=lambda _n: self.shards.floors.reset())
         # overdue recurring jobs: the signals, once per episode (cron_at_scale.maintenance.overdue)
         self.overdue = OverdueWatch()
+        # this dispatcher's maintenance loops, each with its own timer, run by step() in this order:
+        # every step before the claim; the idle_only ones (retention, history trim) only when idle.
+        # The floor probe (below) has the same shape but runs on a thread of its own.
+        self.maintenance: list[Loop] = [self.reaper, self.overdue, Retention(), HistoryTrim()]
         ttl = float(conf.get("SHARD_LEASE"))
         self.shards = (AllShards(self.batch_size) if shards == "all"
                        else ShardLeases(self.name, ttl, self.batch_size))
@@ -233,10 +241,7 @@ class Dispatcher:
     def reap(self) -> int:
         """One pass of the reaper now (see :class:`cron_at_scale.maintenance.reaper.Reaper`); return how many
         expired attempts were reaped."""
-        n = self.reaper.reap()
-        if n:  # runs sent back keep an expiring fire_at: maybe below a floor
-            self.shards.floors.reset()
-        return n
+        return self.reaper.run_once()  # runs sent back keep an expiring fire_at: the floors reset
 
     @property
     def max_lost(self) -> int:
@@ -270,9 +275,9 @@ class Dispatcher:
         if now >= self._next_shards:
             self._next_shards = now + self.shard_refresh
             self.shards.refresh()
-        if self.reaper.maybe_reap(now):  # runs sent back keep an expiring fire_at: maybe below a floor
-            self.shards.floors.reset()
-        self.overdue.maybe_check(now)
+        for loop in self.maintenance:  # the reaper, the overdue watch
+            if not loop.idle_only:
+                loop.maybe_run(now)
         if not self.held.running:  # else the timer thread sends them
             self.fire_timers(wait=wait)
         if not claim or self.broker_full():
@@ -284,8 +289,9 @@ class Dispatcher:
         if claim and not self.more_due and self.preload.due(now):  # a burst coming: claim it now
             self.more_due = self.look_ahead() > self.preload.base
         if not self.more_due:  # idle time only: retention never holds up a busy loop
-            retention.maybe_purge()
-            history.maybe_trim()
+            for loop in self.maintenance:  # retention, the history trim
+                if loop.idle_only:
+                    loop.maybe_run()
         return n
 
     def run(self, max_seconds: float | None = None) -> None:

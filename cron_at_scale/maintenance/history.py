@@ -11,7 +11,8 @@ Nothing counts attempt rows: the job row's counters (``attempts``, ``lost_attemp
 statements that change them, and the reaper's re-fire limit is carried from attempt to
 attempt (``occurrence_losses``). So trimming changes no figure but the rows shown.
 
-``maybe_trim()`` is the dispatcher's hook, called in its idle time: every ``TRIM_INTERVAL``
+:class:`HistoryTrim` is the dispatcher's loop (a :class:`~cron_at_scale.maintenance.loop.Loop`),
+run in its idle time: every ``TRIM_INTERVAL``
 seconds one statement finds the jobs to trim (an index probe per recurring job: the
 oldest attempt), then deletes their extra rows oldest first, ``batch_size`` rows of up to
 ``JOBS_PER_STATEMENT`` jobs per statement, each its own short transaction (asynchronous
@@ -29,6 +30,7 @@ import time
 
 from cron_at_scale import conf
 from cron_at_scale import sql as db
+from cron_at_scale.maintenance.loop import Loop
 
 log = logging.getLogger(__name__)
 
@@ -81,22 +83,20 @@ def trim(keep: int | None, max_age: float | None = None, batch_size: int = DEFAU
     return deleted
 
 
-_next_trim = 0.0
+class HistoryTrim(Loop):
+    """The dispatcher's loop, in its idle time: trims with the ``HISTORY_PER_JOB`` and
+    ``HISTORY_MAX_AGE`` settings (read at each pass) at most every ``interval`` seconds
+    (``TRIM_INTERVAL``), for at most ``budget`` seconds (``TRIM_BUDGET``). ``maybe_run()``
+    returns the rows deleted."""
 
+    name = "history trim"
+    idle = 0
+    idle_only = True  # trimming never holds up a busy loop
 
-def maybe_trim(*, now: float | None = None) -> int:
-    """The dispatcher's hook: call it every loop. Trims with the ``HISTORY_PER_JOB`` and
-    ``HISTORY_MAX_AGE`` settings at most every ``TRIM_INTERVAL`` seconds, for at most
-    ``TRIM_BUDGET`` seconds; returns the rows deleted. Never raises (a failure is logged;
-    the next interval tries again)."""
-    global _next_trim
-    now = time.monotonic() if now is None else now
-    if now < _next_trim:
-        return 0
-    _next_trim = now + TRIM_INTERVAL
-    keep, max_age = settings()
-    try:
-        return trim(keep, max_age, budget_seconds=TRIM_BUDGET)
-    except Exception:  # noqa: BLE001 (trimming must never stop the dispatcher)
-        log.exception("history trim failed; trying again in %.0fs", TRIM_INTERVAL)
-        return 0
+    def __init__(self, interval: float = TRIM_INTERVAL, budget: float = TRIM_BUDGET) -> None:
+        super().__init__(interval)
+        self.budget = budget
+
+    def run_once(self) -> int:
+        keep, max_age = settings()
+        return trim(keep, max_age, budget_seconds=self.budget)

@@ -32,15 +32,13 @@ that commit: a dispatcher killed in between loses it (at most once per episode).
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db import InterfaceError, OperationalError
-
 from cron_at_scale import conf
 from cron_at_scale import sql as db
+from cron_at_scale.maintenance.loop import Loop
 
 log = logging.getLogger(__name__)
 
@@ -91,28 +89,24 @@ def keyed_health(limit: int = MAX_LABELLED) -> list[tuple[str, bool, datetime | 
                                                                           {"grace": grace(), "limit": limit})]
 
 
-class OverdueWatch:
-    """A dispatcher's watch: every ``interval`` seconds, opens and closes overdue episodes and
-    sends :data:`~cron_at_scale.signals.job_overdue` / :data:`~cron_at_scale.signals.job_recovered`."""
+class OverdueWatch(Loop):
+    """A dispatcher's watch (a :class:`~cron_at_scale.maintenance.loop.Loop`): every ``interval``
+    seconds (``CHECK_INTERVAL``), opens and closes overdue episodes and sends
+    :data:`~cron_at_scale.signals.job_overdue` / :data:`~cron_at_scale.signals.job_recovered`."""
+
+    name = "overdue check"
+    idle = (0, 0)
 
     def __init__(self, interval: float | None = None) -> None:
-        self.interval = CHECK_INTERVAL if interval is None else float(interval)
-        self._next = 0.0  # monotonic time of the next pass: the first call checks
+        super().__init__(CHECK_INTERVAL if interval is None else interval)
 
     def maybe_check(self, now: float | None = None) -> tuple[int, int]:
         """Check if ``interval`` seconds have passed (``now``: monotonic); ``(opened, closed)``.
         Raises the database's connection errors (the loop retries); logs any other error."""
-        now = time.monotonic() if now is None else now
-        if now < self._next:
-            return 0, 0
-        self._next = now + self.interval
-        try:
-            return self.check()
-        except (OperationalError, InterfaceError):
-            raise
-        except Exception:  # noqa: BLE001 (the watch must never stop the dispatcher)
-            log.exception("overdue check failed; trying again in %.0fs", self.interval)
-            return 0, 0
+        return self.maybe_run(now)
+
+    def run_once(self) -> tuple[int, int]:
+        return self.check()
 
     def check(self) -> tuple[int, int]:
         """One pass now: ``(episodes opened, episodes closed)``, each signal sent once."""

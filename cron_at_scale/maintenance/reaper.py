@@ -12,7 +12,8 @@ it once past). After the
 commit the re-fired runs are published and failed jobs announced on the DLQ.
 
 A small service with its own interval and batch size that the dispatcher's
-loop calls (``maybe_reap``), as River's job rescuer is beside its client.
+loop calls (a :class:`~cron_at_scale.maintenance.loop.Loop`: ``maybe_run``, or ``maybe_reap``),
+as River's job rescuer is beside its client.
 Every dispatcher reaps; two reaping at once never take the same attempt (the
 ``reap`` statement locks rows with ``SKIP LOCKED``).
 """
@@ -20,7 +21,6 @@ Every dispatcher reaps; two reaping at once never take the same attempt (the
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 
 from django.db import transaction
@@ -29,13 +29,14 @@ from cron_at_scale import conf
 from cron_at_scale import sql as db
 from cron_at_scale.broker import dlq
 from cron_at_scale.broker.publish import Claimed
+from cron_at_scale.maintenance.loop import Loop
 from cron_at_scale.ops import metrics
 from cron_at_scale.policy import expiry
 
 log = logging.getLogger(__name__)
 
 
-class Reaper:
+class Reaper(Loop):
     """Handles expired leases for a dispatcher.
 
     ``publish(runs)``: sends the re-fired cron runs (the dispatcher's sender)
@@ -43,35 +44,43 @@ class Reaper:
     failed jobs; ``lease``: seconds of dispatch lease of a re-fired run (x2 per earlier loss of its
     occurrence before any worker started it, up to x16);
     ``batch_size``: expired attempts handled per pass; ``interval``: seconds
-    between passes (default ``REAPER_INTERVAL``); ``max_lost``: lost attempts
-    after which a one-off job fails (default ``MAX_LOST_ATTEMPTS``).
+    between passes (default ``REAPER_INTERVAL``; longer after a slow pass, see ``next_pass``);
+    ``max_lost``: lost attempts after which a one-off job fails (default ``MAX_LOST_ATTEMPTS``);
+    ``on_reaped(n)``: called after a pass of ``run_once`` that reaped ``n`` > 0 attempts (the
+    dispatcher resets its claim's floors: runs sent back keep an expiring ``fire_at``).
     """
 
+    name = "reaper"
+
     def __init__(self, publish: Callable[[list[Claimed]], None], app, *, lease: float, batch_size: int,
-                 interval: float | None = None, max_lost: int | None = None) -> None:
+                 interval: float | None = None, max_lost: int | None = None,
+                 on_reaped: Callable[[int], None] | None = None) -> None:
+        super().__init__(conf.get("REAPER_INTERVAL") if interval is None else interval)
         self.publish = publish
         self.app = app
         self.lease = lease
         self.batch_size = batch_size
-        self.interval = float(conf.get("REAPER_INTERVAL") if interval is None else interval)
         self.max_lost = int(conf.get("MAX_LOST_ATTEMPTS") if max_lost is None else max_lost)
-        self._next = 0.0  # monotonic time of the next pass: the first call reaps
+        self.on_reaped = on_reaped
 
     def maybe_reap(self, now: float | None = None) -> int:
         """Reap if ``interval`` seconds have passed since the last pass (``now``: monotonic time);
-        return how many attempts were reaped (0 when not due)."""
-        now = time.monotonic() if now is None else now
-        if now < self._next:
-            return 0
-        started = time.monotonic()
-        try:
-            return self.reap()
-        finally:
-            # A pass over thousands of lost runs (a slow fleet behind a burst: each cron run is
-            # fired again by a statement of its own) takes seconds in the dispatcher's loop; passes
-            # back to back would leave it no time to claim. The next waits 4x as long as this took,
-            # so reaping takes at most a fifth of the loop while it lasts.
-            self._next = now + max(self.interval, 4 * (time.monotonic() - started))
+        return how many attempts were reaped (0 when not due): ``maybe_run``."""
+        return self.maybe_run(now)
+
+    def next_pass(self, started: float, seconds: float) -> float:
+        # A pass over thousands of lost runs (a slow fleet behind a burst: each cron run is
+        # fired again by a statement of its own) takes seconds in the dispatcher's loop; passes
+        # back to back would leave it no time to claim. The next waits 4x as long as this took,
+        # so reaping takes at most a fifth of the loop while it lasts.
+        return started + max(self.interval, 4 * seconds)
+
+    def run_once(self) -> int:
+        """One pass (``reap``), then ``on_reaped`` if it reaped any."""
+        n = self.reap()
+        if n and self.on_reaped is not None:
+            self.on_reaped(n)
+        return n
 
     def reap(self) -> int:
         """One pass: handle up to ``batch_size`` expired attempts; return how many were reaped.

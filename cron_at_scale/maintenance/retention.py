@@ -16,9 +16,10 @@ keyset cursor over the partial index ``cron_job_finished_updated``
 The hot path never waits on a purge: the claim only reads pending rows
 (another index) and the purge only locks finished ones.
 
-``maybe_purge()`` is the dispatcher's hook: with the ``RETENTION`` setting
-(seconds; ``None``, the default, turns it off) it purges at most every
-``RETENTION_INTERVAL`` seconds for at most ``RETENTION_BUDGET`` seconds.
+:class:`Retention` is the dispatcher's loop (a :class:`~cron_at_scale.maintenance.loop.Loop`,
+run in its idle time): with the ``RETENTION`` setting (seconds; ``None``, the default, turns
+it off) it purges at most every ``RETENTION_INTERVAL`` seconds for at most
+``RETENTION_BUDGET`` seconds.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from datetime import datetime
 
 from django.db import connection, transaction
 
+from cron_at_scale.maintenance.loop import Loop
 from cron_at_scale.sql import QUERIES
 
 log = logging.getLogger(__name__)
@@ -106,24 +108,31 @@ def setting() -> float | None:
     return float(value)
 
 
-_next_purge = 0.0
+class Retention(Loop):
+    """The dispatcher's loop, in its idle time: purges finished jobs older than ``retention``
+    seconds (default: the ``RETENTION`` setting, read at each call; None: off) at most every
+    ``interval`` seconds (``RETENTION_INTERVAL``), for at most ``budget`` seconds
+    (``RETENTION_BUDGET``). ``maybe_run()`` returns ``(jobs, attempts)`` deleted."""
 
+    name = "retention purge"
+    idle = (0, 0)
+    idle_only = True  # retention never holds up a busy loop
 
-def maybe_purge(retention: float | None = None, *, now: float | None = None) -> tuple[int, int]:
-    """The dispatcher's hook: call it every loop. Purges finished jobs older than ``retention``
-    seconds (default: the ``RETENTION`` setting; None: off) at most every ``RETENTION_INTERVAL``
-    seconds, for at most ``RETENTION_BUDGET`` seconds. Returns ``(jobs, attempts)`` deleted.
-    Never raises for a database error (logged; the next interval tries again)."""
-    global _next_purge
-    retention = setting() if retention is None else retention
-    if retention is None:
-        return 0, 0
-    now = time.monotonic() if now is None else now
-    if now < _next_purge:
-        return 0, 0
-    _next_purge = now + RETENTION_INTERVAL
-    try:
-        return purge(retention, budget_seconds=RETENTION_BUDGET)
-    except Exception:  # noqa: BLE001 (retention must never stop the dispatcher)
-        log.exception("retention purge failed; trying again in %.0fs", RETENTION_INTERVAL)
-        return 0, 0
+    def __init__(self, retention: float | None = None, interval: float = RETENTION_INTERVAL,
+                 budget: float = RETENTION_BUDGET) -> None:
+        super().__init__(interval)
+        self.retention = retention
+        self.budget = budget
+
+    def older_than(self) -> float | None:
+        """Seconds after which a finished job goes: ``retention``, else the setting; None: off."""
+        return setting() if self.retention is None else self.retention
+
+    def enabled(self) -> bool:
+        return self.older_than() is not None
+
+    def run_once(self) -> tuple[int, int]:
+        older_than = self.older_than()
+        if older_than is None:
+            return 0, 0
+        return purge(older_than, budget_seconds=self.budget)
