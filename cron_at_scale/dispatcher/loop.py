@@ -230,14 +230,6 @@ class Dispatcher:
         self.published_total += n
         metrics.observe_published(n, seconds)
 
-    def broker_full(self) -> bool:
-        """Check the destination queues whose second is up (each at most once a second): a queue
-        over ``MAX_BROKER_DEPTH`` messages, or without a consumer, then holds its jobs in the
-        database (the claim skips them, see :mod:`cron_at_scale.dispatcher.backpressure`) while the others keep
-        firing. Returns False: no single queue stops the whole claim any more."""
-        self.queues.refresh()
-        return False
-
     def reap(self) -> int:
         """One pass of the reaper now (see :class:`cron_at_scale.maintenance.reaper.Reaper`); return how many
         expired attempts were reaped."""
@@ -267,7 +259,7 @@ class Dispatcher:
         """One pass of the loop: refresh shard leases, reap and check for overdue jobs when due, fire
         timers, claim a batch; when idle, purge (retention) and trim run history.
 
-        Returns how many jobs were claimed (0 while the broker is full). ``wait=False`` (the run
+        Returns how many jobs were claimed. ``wait=False`` (the run
         loop) leaves the batch publishing on the sender thread while the next claim runs;
         ``claim=False`` (the run loop, woken only by a held run's time) fires timers only.
         """
@@ -280,10 +272,13 @@ class Dispatcher:
                 loop.maybe_run(now)
         if not self.held.running:  # else the timer thread sends them
             self.fire_timers(wait=wait)
-        if not claim or self.broker_full():
-            n, self.more_due = 0, False
-        else:
+        if claim:
+            # Back-pressure: a queue over MAX_BROKER_DEPTH or with no consumer holds its own jobs in the
+            # database (the claim skips them, see cron_at_scale.dispatcher.backpressure); the others fire.
+            self.queues.refresh()
             n = self.tick(wait=wait)
+        else:
+            n, self.more_due = 0, False
         if not self.held.running:
             self.fire_timers(wait=wait)
         if claim and not self.more_due and self.preload.due(now):  # a burst coming: claim it now
