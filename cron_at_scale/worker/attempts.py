@@ -56,6 +56,18 @@ def write(job_id: str | None, attempt: int, worker: str, token: str | None, done
     }, fetch="one")
 
 
+def write_retry(params: dict, delay: float) -> int:
+    """One ``retry_attempt``: close the attempt of ``params`` (``job_id``, ``attempt``, ``error``,
+    ``traceback``) as retried, its one-off job pending again after ``delay`` seconds. Rows changed."""
+    return db.run("retry_attempt", {**params, "delay": delay}, fetch="count")
+
+
+def write_failure(params: dict) -> int:
+    """One ``finish_attempt``: close the attempt of ``params`` (as :func:`write_retry`) as failed, and
+    fail its one-off job still on it. Rows changed (1: the job failed, for the dead-letter queue)."""
+    return db.run("finish_attempt", {**params, "outcome": "failed", "status": "failed"}, fetch="count")
+
+
 class InlineCompleter:
     """Writes each completion now, on the calling thread."""
 
