@@ -9,7 +9,7 @@ every other queue keeps firing. Once the queue drains or a consumer comes, they 
 
 Which broker queue a job goes to is resolved exactly as the publisher does (Celery's router, with the
 job's ``queue`` column, ``''`` meaning "the task's route, else the default queue"). Because a route
-can depend on the task name, the claim excludes (see ``claim`` in queries.sql):
+can depend on the task name, the claim excludes (see ``claim`` in sql/dispatcher.sql):
 
 * jobs whose ``queue`` column names a held queue;
 * jobs with an empty ``queue`` column whose *task* routes to a held queue. The dispatcher knows the

@@ -2,7 +2,7 @@
 
 Both write through ``start_attempt``, the statement that also starts an
 attempt: a succeeded attempt is closed, and its one-off job completed, in the
-same round trip as the next start (see ``queries.sql``).
+same round trip as the next start (see ``sql/worker.sql``).
 
 * :class:`InlineCompleter` writes each completion at once: an eager run
   (``task.apply()``) or a run inside the caller's transaction, whose caller
