@@ -241,15 +241,16 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
     return None
 
 
-def db_now() -> datetime:
+def db_now(*, retries: int = 0) -> datetime:
     """The database's clock, ``statement_timestamp()``: an aware datetime in UTC.
 
     The one way to read it by itself (one round trip, statement ``db_now``, on Django's connection,
     in the caller's transaction if any); a statement that needs the time reads it in its own text.
     Every node's notion of "now" that matters (when a job is due, a lease's end, a worker's clock
-    offset, :mod:`cron_at_scale.worker.clock`) is this clock's, never its own.
+    offset, :mod:`cron_at_scale.worker.clock`) is this clock's, never its own. ``retries``: as
+    :func:`run`'s, on a broken connection (none by default: a caller's transaction cannot be redone).
     """
-    return run("db_now", fetch="one", retries=0)[0].astimezone(timezone.utc)
+    return run("db_now", fetch="one", retries=retries)[0].astimezone(timezone.utc)
 
 
 _row_types: dict[str, Any] = {}  # statement name -> its row type: a statement's columns never change
