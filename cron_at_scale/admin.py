@@ -49,6 +49,7 @@ from django.utils.html import format_html, format_html_join
 
 import cron_at_scale
 from cron_at_scale import cron as cronlib
+from cron_at_scale import sql as db
 from cron_at_scale.exceptions import ValidationError
 from cron_at_scale.models import LIVE_STATUSES, Job, JobAttempt, ScheduleType, Status
 from cron_at_scale.ops.status import planner_estimate, table_estimate
@@ -87,23 +88,11 @@ def distinct_values(column: str, limit: int = 200) -> list[str]:
     (one index probe per value), so the cost grows with the values, not with the rows. The queue
     index holds named queues only: the default queue (``''``) is always listed first."""
     assert column in ("task", "queue")
-    named = f"AND {column} <> ''" if column == "queue" else ""
-    with connection.cursor() as cur:
-        cur.execute(
-            f"""
-            WITH RECURSIVE v AS (
-                (SELECT {column} AS value FROM cron_at_scale_job WHERE true {named} ORDER BY {column} LIMIT 1)
-                UNION ALL
-                SELECT (SELECT {column} FROM cron_at_scale_job WHERE {column} > v.value {named}
-                        ORDER BY {column} LIMIT 1)
-                FROM v WHERE v.value IS NOT NULL
-            )
-            SELECT value FROM v WHERE value IS NOT NULL LIMIT %s
-            """,
-            [limit],
-        )
-        values = [r[0] for r in cur.fetchall()]
-    return [""] + values[: limit - 1] if column == "queue" else values
+    if column == "queue":
+        from cron_at_scale.dispatcher.backpressure import job_queue_names
+
+        return [""] + job_queue_names(limit)[: limit - 1]
+    return [r.value for r in db.run("task_names", {"limit": limit}, retries=0)]
 
 
 class _IndexedValueFilter(admin.SimpleListFilter):

@@ -45,9 +45,9 @@ def check_database(app_configs=None, databases=None, **kwargs):
                  "(or DATABASE_URL) at PostgreSQL; for a laptop, the repository's docker-compose.yml starts one.",
             id="cron_at_scale.E002")]
     try:
-        with connections["default"].cursor() as cur:
-            cur.execute("SELECT current_setting('fsync'), current_setting('synchronous_commit')")
-            fsync, commit = cur.fetchone()
+        from cron_at_scale import sql as db
+
+        fsync, commit = db.run("durability_settings", fetch="one", retries=0)
     except Exception:  # noqa: BLE001 (the database is down: other checks and the processes say so)
         return []
     if fsync != "on" or commit in ("off", "local"):

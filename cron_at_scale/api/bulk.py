@@ -19,7 +19,8 @@ from django.db.models.base import ModelState
 
 from cron_at_scale import conf
 from cron_at_scale import cron as cronlib
-from cron_at_scale.api.schedule import build_job, db_now
+from cron_at_scale import sql as db
+from cron_at_scale.api.schedule import build_job
 from cron_at_scale.api.validation import (
     MAX_COUNTDOWN,
     OPTIONS,
@@ -35,7 +36,7 @@ from cron_at_scale.api.validation import (
 from cron_at_scale.exceptions import ValidationError
 from cron_at_scale.ids import job_ids
 from cron_at_scale.models import DEFAULT_CATCHUP_WINDOW, LIVE_STATUSES, Catchup, Job, Overlap, ScheduleType, Status
-from cron_at_scale.sql import QUERIES
+from cron_at_scale.sql import db_now
 
 
 def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 10_000) -> list[Job]:
@@ -284,8 +285,7 @@ def _copy(rows: Iterator[tuple], limit: int, chunk: int = 1000) -> list[Job]:
     if first is None:
         return jobs
     reader = _Reader(chain([first], stream))
-    with connection.cursor() as cur:
-        cur.copy_expert(QUERIES["copy_jobs"], reader)
+    db.run("copy_jobs", copy_from=reader, retries=0)
     if reader.error is not None:
         raise reader.error
     return jobs

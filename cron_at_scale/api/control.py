@@ -14,7 +14,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Now
 
@@ -26,7 +26,6 @@ from cron_at_scale.dispatcher.claimed import Claimed
 from cron_at_scale.exceptions import ValidationError
 from cron_at_scale.models import Job, ScheduleType, Status
 from cron_at_scale.policy.recurrence import NONE, Recurrence, plan
-from cron_at_scale.sql import QUERIES
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +44,7 @@ def cancel(job_id: uuid.UUID | str) -> bool:
     running one sees ``current_job().cancel_requested`` at its next heartbeat.
     Raises ``ValidationError`` (field ``job_id``) for a malformed id.
     """
-    with connection.cursor() as cur:
-        cur.execute(QUERIES["cancel"], {"job_id": job_uuid(job_id)})
-        return cur.fetchone() is not None
+    return db.run("cancel", {"job_id": job_uuid(job_id)}, fetch="one", retries=0) is not None
 
 
 def requeue(job_id: uuid.UUID | str | None = None, *, task: str | None = None, queue: str | None = None,
@@ -84,10 +81,8 @@ def requeue(job_id: uuid.UUID | str | None = None, *, task: str | None = None, q
         raise ValidationError("job_id", "give a job id, a filter, or all_failed=True")
     ids = list(Job.objects.filter(query).values_list("id", flat=True))
     done = 0
-    with connection.cursor() as cur:
-        for start in range(0, len(ids), batch_size):
-            cur.execute(QUERIES["requeue"], {"job_ids": ids[start : start + batch_size]})
-            done += cur.rowcount
+    for start in range(0, len(ids), batch_size):
+        done += db.run("requeue", {"job_ids": ids[start : start + batch_size]}, fetch="count", retries=0)
     return done
 
 
@@ -101,9 +96,7 @@ def pause(job_id: uuid.UUID | str, note: str = "") -> bool:
         raise ValidationError("note", "must be a string of at most 2000 characters")
     if note:
         check_text("note", note, 2000)
-    with connection.cursor() as cur:
-        cur.execute(QUERIES["pause"], {"job_id": job_uuid(job_id), "note": note})
-        return cur.fetchone() is not None
+    return db.run("pause", {"job_id": job_uuid(job_id), "note": note}, fetch="one", retries=0) is not None
 
 
 def resume(job_id: uuid.UUID | str, missed: str | None = None) -> bool:
@@ -129,14 +122,12 @@ def resume(job_id: uuid.UUID | str, missed: str | None = None) -> bool:
         raise ValidationError("missed", f"must be one of {', '.join(RESUME_CHOICES)} or None, got {show(missed, 40)}")
     job_uuid_ = job_uuid(job_id)
     if missed is None:
-        with connection.cursor() as cur:
-            cur.execute(QUERIES["resume"], {"job_id": job_uuid_})
-            return cur.fetchone() is not None
+        return _resume(job_uuid_)
     with transaction.atomic():
         row = _lock(job_uuid_)
         if row is None or row.status != Status.PAUSED:
             return False
-        db.run("resume", {"job_id": job_uuid_}, fetch="count", retries=0)
+        _resume(job_uuid_)
         runs: list[Claimed] = []
         if row.fire_at <= row.db_now:
             runs = advance([row], lease=float(conf.get("DISPATCH_LEASE")), catchup=NONE if missed == "skip" else missed)
@@ -153,7 +144,12 @@ def _lock(job_id: uuid.UUID):
     row = db.run("lock_job", {"job_id": job_id}, fetch="one", retries=0)
     if row is None:
         return None
-    return row._replace(db_now=db.run("db_now", fetch="one", retries=0)[0])
+    return row._replace(db_now=db.db_now())
+
+
+def _resume(job_id: uuid.UUID) -> bool:
+    """The ``resume`` statement: True if the job was paused (and is now pending)."""
+    return db.run("resume", {"job_id": job_id}, fetch="one", retries=0) is not None
 
 
 def _publish_on_commit(runs: list[Claimed]) -> None:

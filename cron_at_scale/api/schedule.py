@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from cron_at_scale import conf
@@ -51,20 +51,13 @@ from cron_at_scale.ids import new_job_id
 from cron_at_scale.models import LIVE_STATUSES, Job, ScheduleType, Status
 from cron_at_scale.policy import expiry
 from cron_at_scale.policy.recurrence import Recurrence
-from cron_at_scale.sql import QUERIES
+from cron_at_scale.sql import db_now  # the database's clock; a name here too, as before
 
 if TYPE_CHECKING:
     from cron_at_scale.api.bulk import schedule_many
 
 __all__ = ["schedule", "reschedule", "build_job", "db_now", "schedule_many", "cancel", "requeue", "pause", "resume",
            "ValidationError", "KeyConflict", "MAX_COUNTDOWN", "MAX_INT_BITS", "MAX_JSON_DEPTH"]
-
-
-def db_now() -> datetime:
-    """The database's clock (``statement_timestamp()``), an aware datetime."""
-    with connection.cursor() as cur:
-        cur.execute(QUERIES["db_now"])
-        return cur.fetchone()[0]
 
 
 def build_job(

@@ -5,7 +5,7 @@
 ``backpressure`` (queues that are full or have no consumer), ``timers`` (runs held
 until their ``fire_at``), ``wakeup`` (LISTEN/NOTIFY), ``advance`` (a recurring job's
 next occurrence), ``preload`` (claiming a burst ahead), ``failpoints`` (the fault suite's
-places to die). Its statements are in ``cron_at_scale/sql/queries.sql``.
+places to die). Its statements are in ``cron_at_scale/sql/dispatcher.sql``.
 """
 
 from __future__ import annotations

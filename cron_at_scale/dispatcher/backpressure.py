@@ -9,7 +9,7 @@ every other queue keeps firing. Once the queue drains or a consumer comes, they 
 
 Which broker queue a job goes to is resolved exactly as the publisher does (Celery's router, with the
 job's ``queue`` column, ``''`` meaning "the task's route, else the default queue"). Because a route
-can depend on the task name, the claim excludes (see ``claim`` in queries.sql):
+can depend on the task name, the claim excludes (see ``claim`` in sql/dispatcher.sql):
 
 * jobs whose ``queue`` column names a held queue;
 * jobs with an empty ``queue`` column whose *task* routes to a held queue. The dispatcher knows the
@@ -39,13 +39,6 @@ log = logging.getLogger(__name__)
 
 OK, FULL, NO_CONSUMER, UNKNOWN = "ok", "full", "no consumer", "unknown"
 CHECK_INTERVAL = 1.0  # seconds between two checks of one queue
-
-# Queues listed by live workers (the same "alive" as cron_status: a heartbeat within three
-# intervals, not stopped). NULL when the table does not exist yet (checked by the caller).
-_LIVE_WORKER_QUEUES = """
-SELECT DISTINCT jsonb_array_elements_text(queues) FROM cron_at_scale_workerhealth
-WHERE last_seen > statement_timestamp() - make_interval(secs => %s) AND state <> 'stopped'
-"""
 
 
 @dataclass(frozen=True)
@@ -82,16 +75,26 @@ def destination(app: Celery, task: str, queue: str) -> str | None:
     return q.name
 
 
+def job_queue_names(limit: int) -> list[str]:
+    """The distinct named queues of jobs (at most ``limit``, by name; ``queue_names``: one index
+    probe per value), for :func:`survey` and the admin's queue filter."""
+    from cron_at_scale import sql as db
+
+    return [r.queue for r in db.run("queue_names", {"limit": limit}, retries=0)]
+
+
 def live_worker_queues() -> set[str] | None:
     """Queues consumed by live workers per their health rows; None if the table is missing."""
-    from django.db import DatabaseError, connection, transaction
+    from django.db import DatabaseError, transaction
 
     from cron_at_scale import conf
+    from cron_at_scale import sql as db
 
     try:
-        with transaction.atomic(), connection.cursor() as cur:  # a savepoint inside a caller's transaction
-            cur.execute(_LIVE_WORKER_QUEUES, [3 * float(conf.get("WORKER_HEARTBEAT_INTERVAL"))])
-            return {r[0] for r in cur.fetchall()}
+        with transaction.atomic():  # a savepoint inside a caller's transaction
+            rows = db.run("live_worker_queues", {"window": 3 * float(conf.get("WORKER_HEARTBEAT_INTERVAL"))},
+                          retries=0)
+            return {r.queue for r in rows}
     except DatabaseError:
         return None
 
@@ -278,7 +281,6 @@ def survey(app: Celery | None = None, extra: set[str] | None = None) -> list[Que
     the configured ``task_queues``, the routes of the app's tasks, the queues named by jobs (at most
     50, from the index on ``queue``), those live workers consume and ``extra``. Empty on error."""
     from cron_at_scale import conf
-    from cron_at_scale import sql as db
     from cron_at_scale.celery_app import get_app
 
     app = app or get_app()
@@ -286,7 +288,7 @@ def survey(app: Celery | None = None, extra: set[str] | None = None) -> list[Que
     try:
         gate.seed()
         names = {n for n in gate.routes.values() if n} | set(app.amqp.queues) | set(extra or ())
-        for (queue,) in db.run("queue_names", {"limit": 50}, retries=0):
+        for queue in job_queue_names(50):
             if queue:
                 names.add(gate.destination("", queue) or queue)
         names |= live_worker_queues() or set()

@@ -1,6 +1,6 @@
 """Has it run? A dead man's switch per recurring job.
 
-The rule (one SQL expression, in ``queries.sql``: ``overdue_jobs``): a recurring job
+The rule (one SQL expression, in ``sql/maintenance.sql``: ``overdue_jobs``): a recurring job
 (cron or interval) is **overdue** when it is ``pending`` (not paused, not ended) and the
 occurrence it waits on is more than its grace old (database clock). That occurrence,
 ``expected_at``, is:

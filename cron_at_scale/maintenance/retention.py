@@ -28,10 +28,10 @@ import logging
 import time
 from datetime import datetime
 
-from django.db import connection, transaction
+from django.db import transaction
 
+from cron_at_scale import sql as db
 from cron_at_scale.maintenance.loop import Loop
-from cron_at_scale.sql import QUERIES
 
 log = logging.getLogger(__name__)
 
@@ -58,35 +58,28 @@ def purge(older_than_seconds: float, batch_size: int = DEFAULT_BATCH_SIZE, dry_r
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")
     deadline = None if budget_seconds is None else time.monotonic() + budget_seconds
-    with connection.cursor() as cur:
-        cur.execute(QUERIES["retention_cutoff"], {"age": float(older_than_seconds)})
-        (cutoff,) = cur.fetchone()
+    (cutoff,) = db.run("retention_cutoff", {"age": float(older_than_seconds)}, fetch="one", retries=0)
     after_at, after_id = _EPOCH, _NIL
     jobs = attempts = 0
     while True:
-        with connection.cursor() as cur:
-            cur.execute(QUERIES["retention_chunk"], {"cutoff": cutoff, "after_at": after_at, "after_id": after_id, "n": batch_size})
-            chunk = cur.fetchall()
+        chunk = db.run("retention_chunk", {"cutoff": cutoff, "after_at": after_at, "after_id": after_id, "n": batch_size},
+                       retries=0)
         if not chunk:
             break
         ids = [r[0] for r in chunk]
         after_at, after_id = chunk[-1][1], chunk[-1][0]
         if dry_run:
-            with connection.cursor() as cur:
-                cur.execute(QUERIES["retention_count_attempts"], {"ids": ids})
-                attempts += cur.fetchone()[0]
+            attempts += db.run("retention_count_attempts", {"ids": ids}, fetch="one", retries=0)[0]
             jobs += len(ids)
         else:
             while True:  # attempts first, each delete its own short transaction
-                with transaction.atomic(), connection.cursor() as cur:
-                    cur.execute(QUERIES["retention_delete_attempts"], {"ids": ids, "n": batch_size})
-                    n = cur.rowcount
+                with transaction.atomic():
+                    n = db.run("retention_delete_attempts", {"ids": ids, "n": batch_size}, fetch="count", retries=0)
                 attempts += n
                 if n < batch_size:
                     break
-            with transaction.atomic(), connection.cursor() as cur:
-                cur.execute(QUERIES["retention_delete_jobs"], {"ids": ids, "cutoff": cutoff})
-                jobs += cur.rowcount
+            with transaction.atomic():
+                jobs += db.run("retention_delete_jobs", {"ids": ids, "cutoff": cutoff}, fetch="count", retries=0)
         if len(chunk) < batch_size or (deadline is not None and time.monotonic() > deadline):
             break
     if jobs or attempts:

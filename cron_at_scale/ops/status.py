@@ -22,6 +22,8 @@ from typing import Any
 
 from django.db import connection
 
+from cron_at_scale import sql as db
+
 COUNT_CAP = 100_000  # rows counted per figure before we say "at least"; ~20 ms on an index
 DLQ_CAP = 1_000_000  # the dead-letter queue is worth counting further
 LAG_SAMPLE = 10_000  # latest attempts the lag percentiles are computed over
@@ -286,7 +288,7 @@ def snapshot(window: float = DEFAULT_WINDOW) -> StatusReport:
     """Collect every figure (a dozen bounded statements, a few ms on an idle database)."""
     capped: list[str] = []
     with connection.cursor() as cur:
-        (db_now,) = _one(cur, "SELECT statement_timestamp()")
+        db_now = db.db_now()
         pending: dict[str, int] = {}
         for name, lo, hi in _BUCKET_RANGES:
             where = "status = 'pending'"

@@ -1,15 +1,29 @@
-"""The SQL: every statement the hot path sends, loaded from ``queries.sql``, and the runner that sends them.
+"""The SQL: every statement the package sends, loaded from ``sql/<room>.sql``, and the runner that sends them.
 
-Reviewing what the dispatcher and the workers send to PostgreSQL means
-reading that one file. Each statement starts with a header line
-``-- name: <name> [:option ...]``, as sqlc's headers do; the options
-(:data:`OPTIONS`) say how :func:`run` sends it:
+One file per room that runs the statements (``dispatcher.sql``, ``worker.sql``,
+``maintenance.sql``, ``api.sql``, ``ops.sql``, and ``common.sql`` for this
+module's own :func:`db_now`): reviewing what the dispatcher and the workers send
+to PostgreSQL means reading two files. Each statement starts with a header line
+``-- name: <name> [:option ...]  -- run by: <module>``, as sqlc's headers do,
+naming the one module that runs it (``tests/unit/test_sql.py`` keeps that
+true); a name is unique across the files. The options (:data:`OPTIONS`) say how
+:func:`run` sends it:
 
 * ``:async``: committed with ``synchronous_commit = off`` (this statement's
   own transaction only): its loss in a crash of PostgreSQL is harmless, as its
   comment says.
 * ``:prepared``: run per task by every worker: a server-side prepared
   statement with a generic plan.
+
+The rules: a named statement is sent through :func:`run` (a ``COPY ... FROM
+STDIN`` too, with ``copy_from=``), never with a cursor of the caller's; the
+database's clock is read through :func:`db_now` (or a statement's own
+``statement_timestamp()``, in its round trip). The one exception: the operator's
+read-only figures that :mod:`cron_at_scale.ops.status` builds at run time (bounded
+counts and planner estimates, their WHERE made from filters, for ``cron_status``,
+the metrics and the admin's paginator), sent on a cursor of its own, as their text
+is not known until then and none is a named statement. The dispatcher's LISTEN
+(:mod:`cron_at_scale.dispatcher.wakeup`) runs on a dedicated connection, not Django's.
 
 The runner runs the named queries on Django's connection, surviving a database restart.
 The worker's per-task statements are server-side prepared statements
@@ -30,7 +44,7 @@ import weakref
 from collections import namedtuple
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -49,29 +63,47 @@ from cron_at_scale import conf
 log = logging.getLogger(__name__)
 
 
-_HEADER = re.compile(r"^-- name: (\w+)((?:\s+:\w+)*)\s*$", re.MULTILINE)
+_HEADER = re.compile(r"^-- name: (\w+)((?:[ \t]+:\w+)*)[ \t]+-- run by: (cron_at_scale(?:\.\w+)*)[ \t]*$",
+                     re.MULTILINE)
+_ANY_HEADER = re.compile(r"^--[ \t]*name[ \t]*:.*$", re.MULTILINE)  # what looks like a header, well-formed or not
 KNOWN_OPTIONS = frozenset({"async", "prepared"})
+DIRECTORY = Path(__file__).parent
 
 
-def _load() -> tuple[dict[str, str], dict[str, frozenset[str]]]:
-    text = (Path(__file__).with_name("queries.sql")).read_text()
-    parts = _HEADER.split(text)
-    # parts: [preamble, name1, options1, body1, name2, options2, body2, ...]
-    queries, options = {}, {}
-    for name, opts, body in zip(parts[1::3], parts[2::3], parts[3::3]):
-        # Comments go: psycopg2 would read a "%(x)s" in them as a parameter.
-        lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("--")]
-        queries[name] = "\n".join(lines).strip().rstrip(";")
-        options[name] = frozenset(o.lstrip(":") for o in opts.split())
-        unknown = options[name] - KNOWN_OPTIONS
-        if unknown:
-            raise ValueError(f"queries.sql: statement {name} has unknown options {sorted(unknown)}")
-    return queries, options
+def _load(directory: Path = DIRECTORY) -> tuple[dict[str, str], dict[str, frozenset[str]], dict[str, str]]:
+    """The statements of ``directory/*.sql``: (name -> text, name -> options, name -> the module that
+    runs it). Raises ``ValueError`` for a malformed header, an unknown option or a name in two places."""
+    queries: dict[str, str] = {}
+    options: dict[str, frozenset[str]] = {}
+    owners: dict[str, str] = {}
+    where: dict[str, str] = {}
+    for path in sorted(directory.glob("*.sql")):
+        text = path.read_text()
+        for line in _ANY_HEADER.findall(text):
+            if not _HEADER.match(line):
+                raise ValueError(f"{path.name}: malformed header {line!r}: "
+                                 "expected '-- name: <name> [:option ...]  -- run by: cron_at_scale.<module>'")
+        parts = _HEADER.split(text)
+        # parts: [preamble, name1, options1, owner1, body1, name2, ...]
+        for name, opts, owner, body in zip(parts[1::4], parts[2::4], parts[3::4], parts[4::4]):
+            if name in queries:
+                raise ValueError(f"{path.name}: statement {name} is also in {where[name]}")
+            where[name] = path.name
+            # Comments go: psycopg2 would read a "%(x)s" in them as a parameter.
+            lines = [ln for ln in body.splitlines() if not ln.lstrip().startswith("--")]
+            queries[name] = "\n".join(lines).strip().rstrip(";")
+            options[name] = frozenset(o.lstrip(":") for o in opts.split())
+            owners[name] = owner
+            unknown = options[name] - KNOWN_OPTIONS
+            if unknown:
+                raise ValueError(f"{path.name}: statement {name} has unknown options {sorted(unknown)}")
+    return queries, options, owners
 
 
-QUERIES, OPTIONS = _load()
+QUERIES, OPTIONS, OWNERS = _load()
+# OWNERS: statement name -> the module that runs it (its header's "run by")
 
-# Statements marked :prepared in queries.sql: run per task by every worker, worth preparing.
+# Statements marked :prepared: run per task by every worker, worth preparing.
 # (The claim runs once per batch and keeps custom plans: its shard filter folds away only
 # when planned with its values.)
 PREPARED = frozenset(name for name, opts in OPTIONS.items() if "prepared" in opts)
@@ -175,13 +207,16 @@ def array(values: Iterable[Any]) -> str:
     return "{" + ",".join(parts) + "}"
 
 
-def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: int = 1):
+def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: int = 1, copy_from: Any = None):
     """Execute query ``name`` in autocommit; return its rows (``fetch='all'``), one row or None
     (``'one'``), each a named tuple of its columns, or the row count (``'count'``).
 
     On a broken connection (PostgreSQL restarted) the connection is dropped
     and the statement tried again ``retries`` times. Only for statements that
     are safe to repeat (each of ours is conditional on the row's state).
+
+    ``copy_from``: for a ``COPY ... FROM STDIN`` statement, the file its rows are read from
+    (psycopg2's ``copy_expert``); give ``retries=0``, a stream cannot be read twice.
     """
     conn = connections[DEFAULT_DB_ALIAS]
     for attempt in range(retries + 1):
@@ -190,11 +225,13 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
             # this statement and change the caller's commit and plans: none is sent.
             bare = conn.in_atomic_block
             with conn.cursor() as cur:
-                if name in PREPARED and conf.get("PREPARED_STATEMENTS"):
+                if copy_from is not None:
+                    cur.copy_expert(QUERIES[name] if bare else _SETTINGS[name] + QUERIES[name], copy_from)
+                elif name in PREPARED and conf.get("PREPARED_STATEMENTS"):
                     _execute_prepared(cur, conn, name, params or {}, bare)
                 else:
                     cur.execute(QUERIES[name] if bare else _SETTINGS[name] + QUERIES[name], params or {})
-                return _fetch(cur, fetch, name)
+                return cur.rowcount if copy_from is not None else _fetch(cur, fetch, name)
         except (OperationalError, InterfaceError):
             if attempt == retries:
                 raise
@@ -202,6 +239,18 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
             reset_connection()
             time.sleep(0.2 * (attempt + 1))
     return None
+
+
+def db_now(*, retries: int = 0) -> datetime:
+    """The database's clock, ``statement_timestamp()``: an aware datetime in UTC.
+
+    The one way to read it by itself (one round trip, statement ``db_now``, on Django's connection,
+    in the caller's transaction if any); a statement that needs the time reads it in its own text.
+    Every node's notion of "now" that matters (when a job is due, a lease's end, a worker's clock
+    offset, :mod:`cron_at_scale.worker.clock`) is this clock's, never its own. ``retries``: as
+    :func:`run`'s, on a broken connection (none by default: a caller's transaction cannot be redone).
+    """
+    return run("db_now", fetch="one", retries=retries)[0].astimezone(timezone.utc)
 
 
 _row_types: dict[str, Any] = {}  # statement name -> its row type: a statement's columns never change

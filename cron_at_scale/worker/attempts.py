@@ -4,7 +4,7 @@ write are the middleware (:mod:`cron_at_scale.worker.middleware`).
 
 Both write through ``start_attempt``, the statement that also starts an
 attempt: a succeeded attempt is closed, and its one-off job completed, in the
-same round trip as the next start (see ``queries.sql``). That is why the start
+same round trip as the next start (see ``sql/worker.sql``). That is why the start
 is sent by the writer (:meth:`BatchCompleter.start`, called by the
 ``IdempotentStart`` middleware) and not by the middleware itself: the start
 carries the completions queued before it, one round trip per task instead of
@@ -63,6 +63,18 @@ def write(job_id: str | None, attempt: int, worker: str, token: str | None, done
         "lease": float(conf.get("RUN_LEASE")),
         "done_job_ids": [d[0] for d in done], "done_attempts": [d[1] for d in done],
     }, fetch="one")
+
+
+def write_retry(params: dict, delay: float) -> int:
+    """One ``retry_attempt``: close the attempt of ``params`` (``job_id``, ``attempt``, ``error``,
+    ``traceback``) as retried, its one-off job pending again after ``delay`` seconds. Rows changed."""
+    return db.run("retry_attempt", {**params, "delay": delay}, fetch="count")
+
+
+def write_failure(params: dict) -> int:
+    """One ``finish_attempt``: close the attempt of ``params`` (as :func:`write_retry`) as failed, and
+    fail its one-off job still on it. Rows changed (1: the job failed, for the dead-letter queue)."""
+    return db.run("finish_attempt", {**params, "outcome": "failed", "status": "failed"}, fetch="count")
 
 
 class InlineCompleter:

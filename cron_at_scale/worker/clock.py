@@ -55,10 +55,10 @@ def measure() -> float:
     best: tuple[float, float] | None = None  # (round trip, offset)
     for _ in range(SAMPLES):
         t0 = time.time()
-        (db_now,) = db.run("database_clock", fetch="one")
+        db_now = db.db_now(retries=1).timestamp()
         t1 = time.time()
         if best is None or t1 - t0 < best[0]:
-            best = (t1 - t0, (t0 + t1) / 2 - float(db_now))
+            best = (t1 - t0, (t0 + t1) / 2 - db_now)
     assert best is not None
     new = best[1]
     if abs(new) > WARN_OFFSET and abs(new - offset) > WARN_OFFSET:

@@ -52,29 +52,6 @@ log = logging.getLogger(__name__)
 EXIT_STATUS = 70  # EX_SOFTWARE: "restart me" for a supervisor (systemd Restart=on-failure, Kubernetes)
 KEEP_ROWS = 86400.0  # seconds a row of a worker not seen any more is kept (then deleted by any heartbeat)
 
-_UPSERT = """
-INSERT INTO cron_at_scale_workerhealth
-    (name, pid, queues, concurrency, running, received, started_at, last_seen, last_received, waiting,
-     state, stuck_since, stuck_count, note)
-VALUES (%(name)s, %(pid)s, %(queues)s::jsonb, %(concurrency)s, %(running)s, %(received)s,
-        statement_timestamp() - make_interval(secs => %(age)s), statement_timestamp(),
-        statement_timestamp() - make_interval(secs => %(received_ago)s), %(waiting)s, %(state)s,
-        statement_timestamp() - make_interval(secs => %(stuck_for)s), %(stuck_count)s, %(note)s)
-ON CONFLICT (name) DO UPDATE SET
-    pid = EXCLUDED.pid, queues = EXCLUDED.queues, concurrency = EXCLUDED.concurrency,
-    running = EXCLUDED.running, received = EXCLUDED.received,
-    -- a restarted worker keeps its name: started_at is the new process's
-    started_at = CASE WHEN cron_at_scale_workerhealth.pid = EXCLUDED.pid
-                      THEN cron_at_scale_workerhealth.started_at ELSE EXCLUDED.started_at END,
-    last_seen = EXCLUDED.last_seen, last_received = EXCLUDED.last_received, waiting = EXCLUDED.waiting,
-    state = EXCLUDED.state,
-    -- the first report of an episode sets it; later ones keep it (the database's time, not ours)
-    stuck_since = CASE WHEN EXCLUDED.stuck_since IS NULL THEN NULL
-                       ELSE coalesce(cron_at_scale_workerhealth.stuck_since, EXCLUDED.stuck_since) END,
-    stuck_count = EXCLUDED.stuck_count, note = EXCLUDED.note;
-DELETE FROM cron_at_scale_workerhealth WHERE last_seen < statement_timestamp() - make_interval(secs => %(keep)s);
-"""
-
 
 class Watchdog:
     """The main process's view of its own consumption (one per worker process; see the module doc)."""
@@ -230,22 +207,20 @@ class Watchdog:
     def write(self) -> None:
         import json
 
-        from django.db import connection
-
+        from cron_at_scale import sql as db
         from cron_at_scale.worker import clock as worker_clock
 
         worker_clock.measure()  # with each heartbeat: when to start messages published ahead of their fire_at
         now = time.monotonic()
-        with connection.cursor() as cur:
-            cur.execute(_UPSERT, {
-                "name": self.name, "pid": os.getpid(), "queues": json.dumps(self.queues),
-                "concurrency": self.concurrency, "running": self.busy(), "received": self.received,
-                "age": now - self.started,
-                "received_ago": None if self.last_received is None else now - self.last_received,
-                "waiting": self.waiting, "state": self.state,
-                "stuck_for": None if self.stuck_at is None else now - self.stuck_at,
-                "stuck_count": self.stuck_count, "note": self.note, "keep": KEEP_ROWS,
-            })
+        db.run("worker_health", {
+            "name": self.name, "pid": os.getpid(), "queues": json.dumps(self.queues),
+            "concurrency": self.concurrency, "running": self.busy(), "received": self.received,
+            "age": now - self.started,
+            "received_ago": None if self.last_received is None else now - self.last_received,
+            "waiting": self.waiting, "state": self.state,
+            "stuck_for": None if self.stuck_at is None else now - self.stuck_at,
+            "stuck_count": self.stuck_count, "note": self.note, "keep": KEEP_ROWS,
+        }, fetch="count", retries=0)
 
     # -- the thread -------------------------------------------------------------------------------
 

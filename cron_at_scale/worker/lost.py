@@ -56,6 +56,7 @@ from cron_at_scale.broker.publish import HEADER
 from cron_at_scale.exceptions import RetryableError
 from cron_at_scale.ops import metrics
 from cron_at_scale.policy import retry
+from cron_at_scale.worker import attempts as worker_attempts
 from cron_at_scale.worker.middleware.base import Middleware
 
 log = logging.getLogger(__name__)
@@ -145,11 +146,11 @@ def record(task, meta: dict, pid: int, exc: BaseException, task_id: str = "") ->
     decision = retry.decide(task, RetryableError(cause) if killed else exc, retries, max_retries,
                             job_options=options or {}, retry_all=bool(conf.get("RETRY_ALL_EXCEPTIONS")))
     if schedule_type == "once" and decision.retry:
-        db.run("retry_attempt", {**params, "delay": decision.delay}, fetch="count")
+        worker_attempts.write_retry(params, decision.delay)
         log.warning("job %s attempt %d: %s; retry in %.1fs", meta["job_id"], attempt, cause, decision.delay)
         metrics.observe_outcome("retried")
         return "retried"
-    failed_job = db.run("finish_attempt", {**params, "outcome": "failed", "status": "failed"}, fetch="count")
+    failed_job = worker_attempts.write_failure(params)
     log.error("job %s attempt %d failed: %s", meta["job_id"], attempt, cause)
     metrics.observe_outcome("failed")
     if schedule_type == "once" and failed_job:

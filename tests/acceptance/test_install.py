@@ -74,7 +74,7 @@ def test_the_wheel_installs_in_a_clean_virtualenv_and_a_minimal_project_checks_a
     run([sys.executable, "-m", "build", "--outdir", str(dist), str(REPO)])  # sdist, then the wheel from it
     (wheel,) = dist.glob("cron_at_scale-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("cron_at_scale/queries.sql", "cron_at_scale/py.typed",
+    for needed in ("cron_at_scale/sql/dispatcher.sql", "cron_at_scale/sql/worker.sql", "cron_at_scale/py.typed",
                    "cron_at_scale/templates/admin/cron_at_scale/dashboard.html",
                    "cron_at_scale/templates/admin/cron_at_scale/job/change_list.html",
                    "cron_at_scale/migrations/0001_initial.py", "cron_at_scale/migrations/__init__.py",

@@ -1,4 +1,4 @@
-"""docs/state_machine.md and queries.sql say the same thing: every statement the page names exists,
+"""docs/state_machine.md and cron_at_scale/sql/*.sql say the same thing: every statement the page names exists,
 and every status or outcome the statements write or test is one of the models' choices."""
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ def test_every_statement_the_page_names_is_in_queries_sql():
     # `done`, `completed`: CTEs of start_attempt, named by the page as such
     ctes = {"done", "completed", "logged", "status"}
     missing = sorted(n for n in named - ctes if n not in QUERIES)
-    assert not missing, f"docs/state_machine.md names statements that queries.sql does not have: {missing}"
+    assert not missing, f"docs/state_machine.md names statements that cron_at_scale/sql/*.sql does not have: {missing}"
 
 
 def test_every_status_and_outcome_literal_in_queries_sql_is_a_model_choice():

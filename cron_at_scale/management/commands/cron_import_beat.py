@@ -120,7 +120,7 @@ def import_periodic_tasks(*, dry_run: bool = False, disable_source: bool = False
     report = SyncReport()
     mapped: list[int] = []
     with transaction.atomic():
-        db_now = db.run("db_now", fetch="one", retries=0)[0]
+        db_now = db.db_now()
         rows = PeriodicTask.objects.select_related("interval", "crontab", "clocked").order_by("name")
         for pt in rows:
             key = f"{KEY_PREFIX}{pt.name}"

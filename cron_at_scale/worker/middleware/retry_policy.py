@@ -7,8 +7,8 @@ import logging
 import traceback as tb
 
 from cron_at_scale import conf
-from cron_at_scale import sql as db
 from cron_at_scale.policy import retry
+from cron_at_scale.worker import attempts
 from cron_at_scale.worker.middleware.base import Middleware, Run
 
 log = logging.getLogger(__name__)
@@ -37,10 +37,10 @@ class RetryPolicy(Middleware):
         decision = retry.decide(run.task, cause, ctx.retries, ctx.max_retries, call=call, job_options=ctx.options,
                                 retry_all=bool(conf.get("RETRY_ALL_EXCEPTIONS")))
         if ctx.schedule_type == "once" and decision.retry:
-            db.run("retry_attempt", {**params, "delay": decision.delay}, fetch="count")
+            attempts.write_retry(params, decision.delay)
             log.info("job %s attempt %d failed (%s); retry in %.1fs", run.job_id, run.attempt, run.error,
                      decision.delay)
             run.outcome = "retried"
         else:
-            db.run("finish_attempt", {**params, "outcome": "failed", "status": "failed"}, fetch="count")
+            attempts.write_failure(params)
             run.outcome = "failed"
