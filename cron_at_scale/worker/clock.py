@@ -29,7 +29,7 @@ from datetime import datetime, timedelta
 from celery.worker.request import Request
 
 from cron_at_scale import sql as db
-from cron_at_scale.broker.publish import HEADER
+from cron_at_scale.broker.message import HEADER
 
 log = logging.getLogger(__name__)
 

@@ -52,7 +52,7 @@ from django.db import connection
 
 from cron_at_scale import conf
 from cron_at_scale import sql as db
-from cron_at_scale.broker.publish import HEADER
+from cron_at_scale.broker.message import HEADER
 from cron_at_scale.exceptions import RetryableError
 from cron_at_scale.ops import metrics
 from cron_at_scale.policy import retry

@@ -19,7 +19,7 @@ from typing import Any
 from celery import Task
 from django.db import connections
 
-from cron_at_scale.broker.publish import HEADER
+from cron_at_scale.broker.message import HEADER
 from cron_at_scale.ops.identity import process_name
 from cron_at_scale.policy import retry
 from cron_at_scale.worker.attempts import COMPLETION_DELAY, BatchCompleter, InlineCompleter
