@@ -15,7 +15,7 @@ from demo.tasks import noop
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
-from helpers import sql
+from helpers import RecordingPublisher, sql
 
 import cron_at_scale
 from cron_at_scale import ValidationError, conf
@@ -284,8 +284,7 @@ def test_trim_by_age_keeps_the_latest_attempt_whatever_its_age():
 
 
 def test_the_refire_limit_and_the_counters_are_the_same_when_the_lost_attempts_were_trimmed(monkeypatch):
-    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: len(batch))
-    d = Dispatcher(name="t", lease=30, lookahead=0)
+    d = Dispatcher(name="t", lease=30, lookahead=0, publisher=RecordingPublisher())
     d.max_lost = 2
 
     def lose_every_run(trimmed: bool):
