@@ -30,6 +30,16 @@ def sql(query: str, params=()):
         return cur.fetchall() if cur.description else cur.rowcount
 
 
+YEARLY = "0 0 1 1 *"  # one occurrence in sight: the test decides when it was due
+
+
+def due(job, seconds_ago: float) -> None:
+    """Make the job's pending occurrence due ``seconds_ago`` (nobody fired it)."""
+    sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - make_interval(secs => %s), "
+        "occurrence_at = statement_timestamp() - make_interval(secs => %s) WHERE id = %s",
+        [seconds_ago, seconds_ago, job.id])
+
+
 def drain_dlq(app, timeout: float = 0.5) -> list:
     """The dead-letter messages waiting now (JSON bodies), consumed."""
     from cron_at_scale import conf
