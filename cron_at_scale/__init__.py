@@ -42,7 +42,7 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-# The wrappers repeat the signatures of cron_at_scale.api.schedule (tests/unit/test_public_api.py checks they agree).
+# The wrappers repeat the signatures of cron_at_scale.api.schedule (tests/unit/test_cron_at_scale.py checks they agree).
 
 
 def schedule(task: Any, *, update: bool = False, **spec: Any) -> Job:

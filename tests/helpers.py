@@ -9,6 +9,8 @@ from collections.abc import Callable
 
 import pytest
 
+from cron_at_scale.broker.publish import Publisher
+
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
     """Poll ``predicate`` until true; fail the test after ``timeout`` seconds."""
@@ -26,6 +28,16 @@ def sql(query: str, params=()):
     with connection.cursor() as cur:
         cur.execute(query, params)
         return cur.fetchall() if cur.description else cur.rowcount
+
+
+YEARLY = "0 0 1 1 *"  # one occurrence in sight: the test decides when it was due
+
+
+def due(job, seconds_ago: float) -> None:
+    """Make the job's pending occurrence due ``seconds_ago`` (nobody fired it)."""
+    sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - make_interval(secs => %s), "
+        "occurrence_at = statement_timestamp() - make_interval(secs => %s) WHERE id = %s",
+        [seconds_ago, seconds_ago, job.id])
 
 
 def drain_dlq(app, timeout: float = 0.5) -> list:
@@ -61,3 +73,28 @@ def rabbit_unreachable() -> str | None:
     except Exception as e:
         return f"no RabbitMQ answers at {RABBIT_URL} ({e}); set CELERY_RABBITMQ_URL"
     return None
+
+
+
+class RecordingPublisher(Publisher):
+    """The real Publisher (``Dispatcher(publisher=...)``), recording every run handed to it in ``published``.
+
+    By default nothing reaches a broker and every run counts as sent; ``send``: each batch is
+    published for real as well. ``stamp``: record ``(time.monotonic(), run)`` rather than the
+    run. ``fail(batch)``: called before each batch is sent; what it raises is a failed publish.
+    """
+
+    def __init__(self, app=None, *, send: bool = False, stamp: bool = False, fail: Callable | None = None):
+        from cron_at_scale.celery_app import get_app
+
+        super().__init__(app or get_app())
+        self.send, self.stamp, self.fail = send, stamp, fail
+        self.published: list = []
+
+    def publish(self, batch):
+        if self.fail is not None:
+            self.fail(batch)
+        n = super().publish(batch) if self.send else len(batch)
+        now = time.monotonic()
+        self.published.extend((now, run) if self.stamp else run for run in batch)
+        return n

@@ -55,7 +55,7 @@ class Dispatcher:
     def __init__(self, name: str | None = None, batch_size: int | None = None,
                  poll_interval: float | None = None, lease: float | None = None, app=None,
                  shards: str = "auto", lookahead: float | None = None, hold_unconsumed: bool | None = None,
-                 eta_lead: float | None = None, preload: float | None = None):
+                 eta_lead: float | None = None, preload: float | None = None, publisher: Publisher | None = None):
         conf.check()
         self.name = name or process_name()
         self.batch_size = int(batch_size or conf.get("BATCH_SIZE"))
@@ -79,7 +79,7 @@ class Dispatcher:
         self.max_broker_depth = int(conf.get("MAX_BROKER_DEPTH"))
         self.app = app or get_app()
         refuse_pickle(self.app)
-        self.publisher = Publisher(self.app)
+        self.publisher = Publisher(self.app) if publisher is None else publisher  # tests hand in a recording one
         # per destination queue: which are full or unconsumed (their jobs stay in the database)
         self.queues = QueueGate(self.app, self.max_broker_depth, bool(
             conf.get("HOLD_UNCONSUMED_QUEUES") if hold_unconsumed is None else hold_unconsumed))

@@ -35,7 +35,7 @@ def run_due_jobs():
 
 
 def test_enqueue_run_and_get_the_result():
-    from django_task_funcs import add
+    from integration.django_task_funcs import add
 
     result = add.enqueue(2, 3)
     assert result.status == "READY" and not result.is_finished
@@ -48,7 +48,7 @@ def test_enqueue_run_and_get_the_result():
 
 
 def test_run_after_and_priority_map_onto_the_job():
-    from django_task_funcs import add
+    from integration.django_task_funcs import add
 
     when = datetime(2031, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
     result = add.using(run_after=when, priority=100).enqueue(1, 1)
@@ -61,7 +61,7 @@ def test_run_after_and_priority_map_onto_the_job():
 
 
 def test_a_failing_task_reports_its_error():
-    from django_task_funcs import explode
+    from integration.django_task_funcs import explode
 
     result = explode.enqueue()
     run_due_jobs()
@@ -72,7 +72,7 @@ def test_a_failing_task_reports_its_error():
 
 
 def test_context_tasks_see_their_attempt():
-    from django_task_funcs import which_attempt
+    from integration.django_task_funcs import which_attempt
 
     result = which_attempt.enqueue()
     run_due_jobs()
@@ -80,7 +80,7 @@ def test_context_tasks_see_their_attempt():
 
 
 def test_unknown_result_id():
-    from django_task_funcs import add
+    from integration.django_task_funcs import add
 
     with pytest.raises(Exception, match="DoesNotExist|does not exist|not-a-job"):
         add.get_result("not-a-job")

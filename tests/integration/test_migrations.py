@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
-from helpers import sql, wait_until
+from helpers import RecordingPublisher, sql, wait_until
 
 from cron_at_scale.models import NUM_SHARDS, Job
 
@@ -47,11 +47,10 @@ def test_jobs_stored_before_0007_keep_a_uniform_shard_and_are_all_claimed(monkey
     # Every old job is claimed by the dispatchers that split the shards between them.
     from cron_at_scale.dispatcher import Dispatcher
 
-    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: len(batch))
     halves = [set(range(0, 32)), set(range(32, 64))]
     claimed = []
     for shards in halves:
-        d = Dispatcher(name=f"d{min(shards)}", batch_size=5000)
+        d = Dispatcher(name=f"d{min(shards)}", batch_size=5000, publisher=RecordingPublisher())
         d._next_shards, d.shards.owned = float("inf"), shards  # holds these 32 shards
         got = d.claim()
         assert all(new[r.job_id] in shards for r in got)

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from quartz_oracle import day_matches
-from test_cron import TRANSITIONS, _check_against_brute
 
 from cron_at_scale.cron import matches, next_fire_time, next_fire_times, parse, rule_text, validate
 from cron_at_scale.exceptions import ValidationError
+from unit.quartz_oracle import day_matches
+from unit.test_cron import TRANSITIONS, _check_against_brute
 
 UTC = timezone.utc
 CASES = json.loads((Path(__file__).resolve().parents[1] / "data" / "quartz_cases.json").read_text(encoding="utf-8"))

@@ -1,6 +1,6 @@
 """Job ids are UUIDv7 (RFC 9562): time-ordered, with a uniform shard from their random bits.
 
-What the database makes of them (shard column, primary-key order) is in tests/integration/test_ids_stored.py.
+What the database makes of them (shard column, primary-key order) is in tests/integration/test_ids.py.
 """
 
 from __future__ import annotations

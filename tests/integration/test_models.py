@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import transaction
-from helpers import sql
+from helpers import RecordingPublisher, sql
 
 from cron_at_scale.models import Job
 from cron_at_scale.sql import QUERIES
@@ -105,8 +105,7 @@ def test_the_claim_reads_no_backlog_of_shards_it_does_not_hold(monkeypatch):
     db.run("ensure_shards", {"n": 64}, fetch="count")
     sql("UPDATE cron_at_scale_shardlease SET owner = 'stalled', expires_at = now() + interval '1 hour' WHERE shard >= 32")
     sql("INSERT INTO cron_at_scale_dispatcherheartbeat (name, last_seen, shards) VALUES ('stalled', now(), '[]')")
-    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: len(batch))
-    d = Dispatcher(name="mine", batch_size=1000)
+    d = Dispatcher(name="mine", batch_size=1000, publisher=RecordingPublisher())
     d.shards.refresh()
     assert d.shards.owned == set(range(32))
     plans: list[dict] = []
@@ -154,8 +153,7 @@ def test_the_claim_does_not_reread_the_jobs_it_claimed_behind_an_old_transaction
                   'demo.tasks.noop', '{}', '{}'
            FROM generate_series(1, 40000) AS g""")
     sql("ANALYZE cron_at_scale_job")
-    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: len(batch))
-    d = Dispatcher(name="mine", batch_size=1000, shards="all")
+    d = Dispatcher(name="mine", batch_size=1000, shards="all", publisher=RecordingPublisher())
     d.shards.floors.sweep = 3600.0  # no sweep during the test (the first claim has no floor)
     plans: list[dict] = []
 

@@ -6,9 +6,9 @@ import logging
 
 import pytest
 from demo.tasks import noop
+from helpers import RecordingPublisher
 
 import cron_at_scale
-from cron_at_scale.broker.publish import Publisher
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import JobAttempt
 
@@ -34,17 +34,15 @@ def test_the_loop_publishes_on_its_sender_and_close_publishes_what_is_queued(bro
 
 def test_a_broker_blip_is_retried_and_every_batch_goes_out(broker, monkeypatch):
     cron_at_scale.schedule_many([{"task": noop.name, "args": [i]} for i in range(300)])
-    real = Publisher.publish
     calls = []
 
-    def flaky(self, batch):
+    def flaky(batch):
         calls.append(len(batch))
         if len(calls) <= 2:
             raise ConnectionError("broker restarting")
-        return real(self, batch)
 
-    monkeypatch.setattr(Publisher, "publish", flaky)
-    d = Dispatcher(name="s", shards="all", batch_size=100, app=broker)
+    d = Dispatcher(name="s", shards="all", batch_size=100, app=broker,
+                   publisher=RecordingPublisher(broker, send=True, fail=flaky))
     while d.step(wait=False):
         pass
     d.close()
@@ -54,17 +52,15 @@ def test_a_broker_blip_is_retried_and_every_batch_goes_out(broker, monkeypatch):
 
 def test_a_batch_that_fails_for_half_its_lease_is_logged_and_the_next_ones_go_out(broker, monkeypatch, caplog):
     cron_at_scale.schedule_many([{"task": noop.name, "args": [i]} for i in range(300)])
-    real = Publisher.publish
     calls = []
 
-    def down_for_a_while(self, batch):
+    def down_for_a_while(batch):
         calls.append(batch[0].job_id)
         if batch[0].job_id == calls[0]:  # the first batch, every time: its retries run out after 0.5 s
             raise ConnectionError("broker down")
-        return real(self, batch)
 
-    monkeypatch.setattr(Publisher, "publish", down_for_a_while)
-    d = Dispatcher(name="s", shards="all", batch_size=100, app=broker, lease=1.0, lookahead=0)
+    d = Dispatcher(name="s", shards="all", batch_size=100, app=broker, lease=1.0, lookahead=0,
+                   publisher=RecordingPublisher(broker, send=True, fail=down_for_a_while))
     with caplog.at_level(logging.ERROR, logger="cron_at_scale.broker.publish"):
         while d.step(wait=False):
             pass

@@ -11,7 +11,7 @@ from io import StringIO
 import pytest
 from demo.tasks import noop
 from django.core.management import CommandError, call_command
-from helpers import sql
+from helpers import RecordingPublisher, sql
 
 import cron_at_scale
 from cron_at_scale.models import Job
@@ -140,12 +140,11 @@ def test_firing_lag_of_a_job_scheduled_at_a_past_time_counts_from_its_creation(m
     from cron_at_scale.dispatcher import Dispatcher
     from cron_at_scale.ops import status
 
-    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: len(batch))
     past = cron_at_scale.schedule(noop, at=datetime(2000, 1, 1, tzinfo=timezone.utc))
     late = cron_at_scale.schedule(noop)
     sql("UPDATE cron_at_scale_job SET created_at = created_at - interval '40 seconds', "
         "fire_at = fire_at - interval '30 seconds' WHERE id = %s", [late.id])  # known 40 s ago, due 30 s ago
-    claimed = Dispatcher(name="t", shards="all").claim()
+    claimed = Dispatcher(name="t", shards="all", publisher=RecordingPublisher()).claim()
     assert {c.job_id for c in claimed} == {past.id, late.id}
     for c in claimed:
         assert worker.AttemptWriter().start(str(c.job_id), c.attempt, "w")[0] == "running"

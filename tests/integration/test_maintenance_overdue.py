@@ -1,8 +1,8 @@
-"""Overdue recurring jobs and bounded run history, in process on PostgreSQL.
+"""Overdue recurring jobs (cron_at_scale.maintenance.overdue), in process on PostgreSQL.
 
-Time is moved by moving the jobs' times into the past (as tests/integration/test_recurring.py
+Time is moved by moving the jobs' times into the past (as tests/integration/test_dispatcher_advance.py
 does), never by sleeping. The end-to-end run with real processes is
-tests/acceptance/test_overdue_e2e.py.
+tests/acceptance/test_maintenance_overdue.py; bounded run history is tests/integration/test_maintenance_history.py.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from demo.tasks import noop
 from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.test import Client
-from helpers import sql
+from helpers import YEARLY, due, sql
 
 import cron_at_scale
 from cron_at_scale import ValidationError, conf
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.maintenance import history
 from cron_at_scale.maintenance.overdue import OverdueWatch, overdue_jobs
-from cron_at_scale.models import Job, JobAttempt
+from cron_at_scale.models import Job
 from cron_at_scale.ops import metrics
 from cron_at_scale.ops.status import snapshot
 from cron_at_scale.signals import job_overdue, job_recovered
@@ -30,16 +30,6 @@ from cron_at_scale.sql import run as run_query
 from cron_at_scale.worker.attempts import InlineCompleter
 
 pytestmark = pytest.mark.django_db
-
-YEARLY = "0 0 1 1 *"  # one occurrence in sight: the test decides when it was due
-
-
-def due(job, seconds_ago: float) -> None:
-    """Make the job's pending occurrence due ``seconds_ago`` (nobody fired it)."""
-    sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - make_interval(secs => %s), "
-        "occurrence_at = statement_timestamp() - make_interval(secs => %s) WHERE id = %s",
-        [seconds_ago, seconds_ago, job.id])
-
 
 def overdue_ids() -> set:
     return {o.id for o in overdue_jobs()[0]}
@@ -230,82 +220,6 @@ def test_the_overdue_scan_walks_the_recurring_jobs_partial_index():
         assert "Seq Scan on cron_at_scale_job" not in plan, (name, plan)
         if name != "recurring_health":  # that one may walk the live keys' index instead
             assert "cron_job_recurring_fire_at" in plan, (name, plan)
-
-
-def add_attempts(job, n: int, minutes_apart: float = 1.0, open_attempts=()) -> None:
-    """``n`` attempt rows for ``job`` (finished, succeeded; those in ``open_attempts`` unfinished),
-    the latest dispatched now, each ``minutes_apart`` before the next; the job's counter says ``n``."""
-    sql("INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, finished_at, outcome) "
-        "SELECT %s, g, statement_timestamp() - make_interval(secs => (%s - g) * %s * 60.0), "
-        "statement_timestamp() - make_interval(secs => (%s - g) * %s * 60.0), "
-        "CASE WHEN g = ANY(%s) THEN NULL ELSE statement_timestamp() END, "
-        "CASE WHEN g = ANY(%s) THEN 'running' ELSE 'succeeded' END "
-        "FROM generate_series(1, %s) AS g",
-        [job.id, n, minutes_apart, n, minutes_apart, list(open_attempts), list(open_attempts), n])
-    sql("UPDATE cron_at_scale_job SET attempts = %s, lost_attempts = 2, missed_occurrences = 3, "
-        "skipped_occurrences = 4 WHERE id = %s", [n, job.id])
-
-
-def attempt_numbers(job) -> list[int]:
-    return list(JobAttempt.objects.filter(job_id=job.id).order_by("attempt").values_list("attempt", flat=True))
-
-
-def counters(job) -> tuple:
-    return Job.objects.filter(id=job.id).values_list(
-        "attempts", "lost_attempts", "missed_occurrences", "skipped_occurrences", "last_success_at").get()
-
-
-@pytest.mark.parametrize("batch_size", [1000, 7])
-def test_trim_keeps_the_latest_attempts_never_an_unfinished_one_and_no_counter_moves(batch_size):
-    job = cron_at_scale.schedule(noop, cron="* * * * * *")
-    once = cron_at_scale.schedule(noop)  # one-off jobs are retention's, never trimmed
-    add_attempts(job, 50, open_attempts=[3])
-    add_attempts(once, 20)
-    before = counters(job)
-    assert history.trim(10, batch_size=batch_size) == 39
-    assert attempt_numbers(job) == [3, *range(41, 51)]
-    assert counters(job) == before
-    assert len(attempt_numbers(once)) == 20
-    assert history.trim(10, batch_size=batch_size) == 0  # nothing left to do
-
-
-def test_trim_by_age_keeps_the_latest_attempt_whatever_its_age():
-    job = cron_at_scale.schedule(noop, cron="* * * * * *")
-    add_attempts(job, 10)  # attempt g dispatched 10 - g minutes ago
-    assert history.trim(None, max_age=330) == 4  # 9, 8, 7, 6 minutes ago
-    assert attempt_numbers(job) == [5, 6, 7, 8, 9, 10]
-    quiet = cron_at_scale.schedule(noop, cron=YEARLY)
-    add_attempts(quiet, 3)
-    sql("UPDATE cron_at_scale_jobattempt SET dispatched_at = dispatched_at - interval '1 day' WHERE job_id = %s",
-        [quiet.id])
-    assert history.trim(None, max_age=90) == 4 + 2  # job: 5 to 2 minutes ago; quiet: all but its latest
-    assert attempt_numbers(job) == [9, 10]
-    assert attempt_numbers(quiet) == [3]
-
-
-def test_the_refire_limit_and_the_counters_are_the_same_when_the_lost_attempts_were_trimmed(monkeypatch):
-    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: len(batch))
-    d = Dispatcher(name="t", lease=30, lookahead=0)
-    d.max_lost = 2
-
-    def lose_every_run(trimmed: bool):
-        job = cron_at_scale.schedule(noop, cron=YEARLY)
-        due(job, 1)
-        d.claim()
-        for _ in range(3):  # each run starts, then its worker dies (the lease expires)
-            sql("UPDATE cron_at_scale_jobattempt SET started_at = statement_timestamp(), outcome = 'running', "
-                "locked_until = statement_timestamp() - interval '1 second' WHERE job_id = %s "
-                "AND finished_at IS NULL", [job.id])
-            d.reap()
-            if trimmed:
-                history.trim(1)  # the lost attempts are trimmed away: nothing may count them
-        return job, list(JobAttempt.objects.filter(job_id=job.id).order_by("attempt").values_list("outcome", flat=True))
-
-    kept, kept_outcomes = lose_every_run(trimmed=False)
-    trimmed, trimmed_outcomes = lose_every_run(trimmed=True)
-    assert kept_outcomes == ["lost", "lost"]  # the occurrence lost 2 runs: not fired a third time
-    assert trimmed_outcomes == ["lost"]  # its latest attempt only
-    assert counters(trimmed) == counters(kept)
 
 
 def test_grace_is_validated_and_kept_by_schedule_many():

@@ -11,7 +11,7 @@ import pytest
 from demo.tasks import noop
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connection
-from helpers import sql
+from helpers import RecordingPublisher, sql
 
 import cron_at_scale
 from cron_at_scale import conf, worker
@@ -25,11 +25,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def dispatcher(monkeypatch):
-    published = []
-    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: published.extend(batch) or len(batch))
     monkeypatch.setattr("cron_at_scale.broker.dlq.announce", lambda *a: None)
-    d = Dispatcher(name="t", lease=30, lookahead=0)
-    d.published = published
+    d = Dispatcher(name="t", lease=30, lookahead=0, publisher=RecordingPublisher())
+    d.published = d.publisher.published
     return d
 
 
@@ -265,8 +263,7 @@ def test_the_overlap_check_sees_a_run_committed_after_the_claims_snapshot(monkey
 
     monkeypatch.setattr(db, "run", run)
     try:
-        monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: len(batch))
-        runs = Dispatcher(name="t", lookahead=0).claim()
+        runs = Dispatcher(name="t", lookahead=0, publisher=RecordingPublisher()).claim()
     finally:
         peer.close()
     assert runs == []

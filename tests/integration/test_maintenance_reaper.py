@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from demo.tasks import noop
-from helpers import sql
+from helpers import RecordingPublisher, sql
 
 import cron_at_scale
 from cron_at_scale import ValidationError
@@ -16,12 +16,10 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def dispatcher(monkeypatch):
-    published = []
-    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: published.extend(batch) or len(batch))
     announced = []
     monkeypatch.setattr("cron_at_scale.broker.dlq.announce", lambda *a: announced.append(a))
-    d = Dispatcher(name="t", lease=30)
-    d.published, d.announced = published, announced
+    d = Dispatcher(name="t", lease=30, publisher=RecordingPublisher())
+    d.published, d.announced = d.publisher.published, announced
     return d
 
 

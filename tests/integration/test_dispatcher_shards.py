@@ -6,7 +6,7 @@ import time
 
 import pytest
 from demo.tasks import noop
-from helpers import sql
+from helpers import RecordingPublisher, sql
 
 import cron_at_scale
 from cron_at_scale.dispatcher import Dispatcher
@@ -80,11 +80,10 @@ def test_a_job_due_now_wakes_the_dispatcher_at_once():
 
 
 def test_look_ahead_claims_early_and_publishes_at_fire_at(monkeypatch):
-    published = []
-    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish",
-                        lambda self, runs: published.extend((time.monotonic(), r) for r in runs) or len(runs))
+    publisher = RecordingPublisher(stamp=True)
+    published = publisher.published
     job = cron_at_scale.schedule(noop, countdown=0.5)
-    d = Dispatcher(name="la", lookahead=1.0, eta_lead=0)  # no ETA_LEAD: held here until its fire_at
+    d = Dispatcher(name="la", lookahead=1.0, eta_lead=0, publisher=publisher)  # no ETA_LEAD: held here until its fire_at
     assert d.tick() == 1  # claimed half a second early ...
     assert published == []  # ... but not sent yet
     deadline = time.monotonic() + 2
@@ -100,11 +99,10 @@ def test_look_ahead_claims_early_and_publishes_at_fire_at(monkeypatch):
 
 
 def test_with_an_eta_lead_a_run_claimed_early_goes_out_at_once_with_its_fire_at_as_eta(monkeypatch):
-    published = []
-    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish",
-                        lambda self, runs: published.extend(runs) or len(runs))
+    publisher = RecordingPublisher()
+    published = publisher.published
     job = cron_at_scale.schedule(noop, countdown=0.5)
-    d = Dispatcher(name="la", lookahead=1.0, eta_lead=1.0)
+    d = Dispatcher(name="la", lookahead=1.0, eta_lead=1.0, publisher=publisher)
     assert d.tick() == 1
     (run,) = published  # within the lead: sent now, for the worker to hold until its eta
     job.refresh_from_db()
@@ -184,9 +182,8 @@ def test_held_runs_go_out_on_time_while_the_loop_is_busy_claiming(monkeypatch):
 
     from django.db import connections
 
-    published = []
-    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish",
-                        lambda self, runs: published.extend((time.monotonic(), r) for r in runs) or len(runs))
+    publisher = RecordingPublisher(stamp=True)
+    published = publisher.published
     real_claim = Dispatcher.claim
     claims = []
 
@@ -199,7 +196,7 @@ def test_held_runs_go_out_on_time_while_the_loop_is_busy_claiming(monkeypatch):
 
     monkeypatch.setattr(Dispatcher, "claim", slow_claim)
     job = cron_at_scale.schedule(noop, countdown=0.6)
-    d = Dispatcher(name="busy", lookahead=1.0, eta_lead=0, poll_interval=0.05, shards="all")
+    d = Dispatcher(name="busy", lookahead=1.0, eta_lead=0, poll_interval=0.05, shards="all", publisher=publisher)
     def run():
         try:
             d.run(max_seconds=1.5)

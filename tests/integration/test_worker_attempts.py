@@ -7,7 +7,7 @@ import re
 import pytest
 from demo.tasks import noop
 from django.db import connection, connections
-from helpers import sql, wait_until
+from helpers import RecordingPublisher, sql, wait_until
 
 import cron_at_scale
 from cron_at_scale import sql as db
@@ -22,11 +22,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def started(monkeypatch):
     """``started(n)``: n one-off jobs claimed (not published) and started, as a worker would; [(job_id, attempt)]."""
-    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish", lambda self, batch: len(batch))
 
     def make(n: int) -> list[tuple[str, int]]:
         cron_at_scale.schedule_many([{"task": noop.name, "args": [i]} for i in range(n)])
-        runs = Dispatcher(name="t", shards="all").claim()
+        runs = Dispatcher(name="t", shards="all", publisher=RecordingPublisher()).claim()
         out = []
         for run in runs:
             row = worker.AttemptWriter().start(str(run.job_id), run.attempt, "w")

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 from demo.tasks import noop
-from helpers import sql
+from helpers import RecordingPublisher, sql
 
 import cron_at_scale
 from cron_at_scale import ValidationError, worker
@@ -20,11 +20,8 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def dispatcher(monkeypatch):
-    published = []
-    monkeypatch.setattr("cron_at_scale.dispatcher.Publisher.publish",
-                        lambda self, batch: published.extend(batch) or len(batch))
-    d = Dispatcher(name="t", lease=30, shards="all")
-    d.published = published
+    d = Dispatcher(name="t", lease=30, shards="all", publisher=RecordingPublisher())
+    d.published = d.publisher.published
     return d
 
 
