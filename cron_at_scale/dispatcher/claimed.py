@@ -1,11 +1,19 @@
-"""The claim's row type: one claimed run, as the claim (or the reaper's re-fire) returned it."""
+"""The claim's row type: one claimed run, as the claim (or the reaper's re-fire) returned it; and the
+runs among them past their expiry, written skipped before anything is published."""
 
 from __future__ import annotations
 
 import json
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
+
+from cron_at_scale import sql as db
+from cron_at_scale.policy import expiry
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)  # slots: a pre-loaded burst holds a hundred thousand of them
@@ -52,3 +60,21 @@ class Claimed:
         """This run with its message built (``envelope``: the Redis list and the message)."""
         return Claimed(self.job_id, self.attempt, self.fire_at, self.schedule_type, self.cron_expr, self.timezone,
                        self.task, self.payload, self.queue, self.options, self.occurrence, self.eta, envelope)
+
+
+def drop_expired(runs: Sequence[Claimed], db_now: datetime) -> list[Claimed]:
+    """``runs`` (claimed or re-fired, their attempts ``dispatched``) without those past their
+    expiry at ``db_now``; those are written skipped (``expire_runs``) and never published.
+
+    Run inside the claim's (or the reaper's) transaction. A job without ``expires`` costs one
+    dictionary test per run.
+    """
+    gone = [r for r in runs if r.options and expiry.FIELD in r.options and expiry.is_expired(r.options, r.fire_at, db_now)]
+    if not gone:
+        return list(runs)
+    db.run("expire_runs", {"job_ids": [r.job_id for r in gone], "attempts": [r.attempt for r in gone]},
+           fetch="count", retries=0)
+    log.warning("%d runs past their expiry not published (skipped, counted in expired_runs): %s", len(gone),
+                ", ".join(f"{r.job_id}:{r.attempt}" for r in gone[:10]))
+    dropped = {(r.job_id, r.attempt) for r in gone}
+    return [r for r in runs if (r.job_id, r.attempt) not in dropped]

@@ -19,11 +19,12 @@ from django.db import InterfaceError, OperationalError, transaction
 
 from cron_at_scale import conf
 from cron_at_scale import sql as db
-from cron_at_scale.broker.publish import Claimed, Publisher, Sender
+from cron_at_scale.broker.publish import Publisher, Sender
 from cron_at_scale.celery_app import get_app, refuse_pickle
 from cron_at_scale.dispatcher import failpoints
 from cron_at_scale.dispatcher.advance import advance
 from cron_at_scale.dispatcher.backpressure import QueueGate
+from cron_at_scale.dispatcher.claimed import Claimed, drop_expired
 from cron_at_scale.dispatcher.floors import FloorProbe
 from cron_at_scale.dispatcher.preload import Preload
 from cron_at_scale.dispatcher.shards import AllShards, ShardLeases
@@ -36,7 +37,6 @@ from cron_at_scale.maintenance.reaper import Reaper
 from cron_at_scale.maintenance.retention import Retention
 from cron_at_scale.ops import metrics
 from cron_at_scale.ops.identity import process_name
-from cron_at_scale.policy import expiry
 from cron_at_scale.policy.recurrence import Occurrences
 
 log = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ class Dispatcher:
                 if recurring:
                     runs += advance(recurring, lease=self.lease, lookahead=lookahead, shared=self.occurrences)
                 if rows:  # runs already past their expiry are recorded skipped, not published
-                    runs = expiry.drop_expired(runs, rows[0].db_now)
+                    runs = drop_expired(runs, rows[0].db_now)
             self.preload.observe(len(rows), time.monotonic() - t1, full=len(rows) >= self.batch_size)
             return runs
 

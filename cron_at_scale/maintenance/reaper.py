@@ -28,10 +28,9 @@ from django.db import transaction
 from cron_at_scale import conf
 from cron_at_scale import sql as db
 from cron_at_scale.broker import dlq
-from cron_at_scale.broker.publish import Claimed
+from cron_at_scale.dispatcher.claimed import Claimed, drop_expired
 from cron_at_scale.maintenance.loop import Loop
 from cron_at_scale.ops import metrics
-from cron_at_scale.policy import expiry
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +106,7 @@ class Reaper(Loop):
                                               "dispatch_losses": 0 if r.started else r.dispatch_losses + 1,
                                               "max_lost": self.max_lost, "lease": self.lease}, retries=0)
                 # a run fired again past its expiry is recorded skipped, never published
-                refire += expiry.drop_expired([Claimed.from_row(r) for r in rows], rows[0].db_now) if rows else []
+                refire += drop_expired([Claimed.from_row(r) for r in rows], rows[0].db_now) if rows else []
         log.warning("reaped %d expired leases (%d cron runs fired again): %s", len(lost), len(refire),
                     ", ".join(f"{r[0]}:{r[1]}" for r in lost[:10]))
         if refire:

@@ -20,14 +20,10 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from cron_at_scale.exceptions import ValidationError, show
-
-if TYPE_CHECKING:
-    from cron_at_scale.dispatcher.claimed import Claimed
 
 log = logging.getLogger(__name__)
 
@@ -94,23 +90,3 @@ def is_expired(options: dict | None, scheduled_at: datetime, db_now: datetime) -
     """True when a run scheduled at ``scheduled_at`` is past its expiry at ``db_now`` (database clock)."""
     window = seconds_of(options)
     return window is not None and db_now > scheduled_at + timedelta(seconds=window)
-
-
-def drop_expired(runs: Sequence[Claimed], db_now: datetime) -> list[Claimed]:
-    """``runs`` (claimed or re-fired, their attempts ``dispatched``) without those past their
-    expiry at ``db_now``; those are written skipped (``expire_runs``) and never published.
-
-    Run inside the claim's (or the reaper's) transaction. A job without ``expires`` costs one
-    dictionary test per run.
-    """
-    gone = [r for r in runs if r.options and FIELD in r.options and is_expired(r.options, r.fire_at, db_now)]
-    if not gone:
-        return list(runs)
-    from cron_at_scale import sql as db
-
-    db.run("expire_runs", {"job_ids": [r.job_id for r in gone], "attempts": [r.attempt for r in gone]},
-           fetch="count", retries=0)
-    log.warning("%d runs past their expiry not published (skipped, counted in expired_runs): %s", len(gone),
-                ", ".join(f"{r.job_id}:{r.attempt}" for r in gone[:10]))
-    dropped = {(r.job_id, r.attempt) for r in gone}
-    return [r for r in runs if (r.job_id, r.attempt) not in dropped]

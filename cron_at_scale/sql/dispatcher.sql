@@ -200,7 +200,7 @@ FROM moved AS m
 JOIN unnest(%(r_plans)s::int[], %(r_offsets)s::int[], %(r_scheduled)s::timestamptz[], %(r_outcomes)s::text[])
      AS r(plan, offset_, scheduled_at, outcome) ON r.plan = m.plan;
 
--- name: expire_runs  -- run by: cron_at_scale.policy.expiry
+-- name: expire_runs  -- run by: cron_at_scale.dispatcher.claimed
 -- Runs a dispatcher just claimed (one-off jobs) or logged (recurring ones) that
 -- are already past their job's options.expires (cron_at_scale.expiry): not
 -- published; recorded as skipped, counted in expired_runs; a one-off job ends

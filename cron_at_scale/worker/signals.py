@@ -14,17 +14,33 @@ own receivers. The hook lists are read again when a worker or pool process start
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import signals
 
-from cron_at_scale.worker.task import hooks
+if TYPE_CHECKING:
+    from cron_at_scale.worker.middleware.base import Hooks
 
 log = logging.getLogger(__name__)
 
 
+class _Served:
+    """The hooks the receivers call: those of ``MIDDLEWARE``, handed in by :func:`serve` (the task
+    module, which defines the list, imports this one: never the other way round)."""
+
+    hooks: Hooks | None = None
+
+
+def serve(hooks: Hooks) -> None:
+    """Make the receivers call ``hooks`` (:data:`cron_at_scale.worker.task.hooks`)."""
+    _Served.hooks = hooks
+
+
 def call(hook: str, *args: Any) -> None:
     """Call ``hook`` of every middleware overriding it, in order; log (and pass) a hook's error."""
+    hooks = _Served.hooks
+    if hooks is None:  # the task module not imported: no middleware in this process
+        return
     for m in hooks[hook]:
         try:
             getattr(m, hook)(*args)
@@ -41,7 +57,8 @@ def _connect(signal, name: str):
 
 @_connect(signals.worker_init, "worker_init")
 def _worker_init(sender=None, **kwargs) -> None:
-    hooks.refresh()  # the hooks of MIDDLEWARE as the worker starts, not as it was imported
+    if _Served.hooks is not None:
+        _Served.hooks.refresh()  # the hooks of MIDDLEWARE as the worker starts, not as it was imported
     call("before_worker_boot", sender)
 
 
@@ -52,7 +69,8 @@ def _worker_ready(sender=None, **kwargs) -> None:
 
 @_connect(signals.worker_process_init, "worker_process_init")
 def _worker_process_init(**kwargs) -> None:
-    hooks.refresh()
+    if _Served.hooks is not None:
+        _Served.hooks.refresh()
     call("after_process_boot")
 
 

@@ -112,6 +112,8 @@ class JobTask(Task):
     ``my_task.schedule(...)`` is ``cron_at_scale.schedule(my_task, ...)``.
     """
 
+    runs_scheduled_jobs = True  # read by RefusePickle: an app whose tasks are JobTask refuses pickle
+
     # Celery's request class, which holds a message published ahead of its fire_at until then
     # on the database's clock (see cron_at_scale.worker.clock). A Celery mechanism, not a concern:
     # such mechanisms are wired here or in cron_at_scale.worker.signals (the rule:
@@ -189,4 +191,6 @@ def _drop_broken_connections() -> None:
             conn.close_if_unusable_or_obsolete()
 
 
-from cron_at_scale.worker import signals  # noqa: E402,F401  (Celery's signals, connected once, call the middleware's hooks)
+from cron_at_scale.worker import signals  # noqa: E402  (Celery's signals, connected once, call the middleware's hooks)
+
+signals.serve(hooks)

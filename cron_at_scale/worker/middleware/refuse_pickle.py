@@ -11,8 +11,8 @@ from cron_at_scale.worker.middleware.base import Middleware
 class RefusePickle(Middleware):
     def before_worker_boot(self, worker: Any) -> None:
         from cron_at_scale.celery_app import refuse_pickle
-        from cron_at_scale.worker.task import JobTask
 
         app = getattr(worker, "app", None)
-        if app is not None and isinstance(app.Task, type) and issubclass(app.Task, JobTask):
+        # JobTask and its subclasses say so (a class attribute): no import of the task module here
+        if app is not None and getattr(app.Task, "runs_scheduled_jobs", False) is True:
             refuse_pickle(app)
