@@ -65,7 +65,7 @@ class Publisher:
         self._templates: dict[tuple, list[str]] = {}
         self._times: dict[datetime, str] = {}  # a time as JSON text, for the runs of a burst
         self.origin = f"gen{os.getpid()}@{socket.gethostname()}"
-        self._amqp: AmqpPublisher | None = None  # the RabbitMQ fast path (publish_amqp.AmqpPublisher), made on first use
+        self._amqp: AmqpPublisher | None = None  # the RabbitMQ fast path (amqp.AmqpPublisher), made on first use
 
     # -- connection ----------------------------------------------------------------------
 

@@ -38,7 +38,7 @@ RETURNING id;
 -- name: resume  -- run by: cron_at_scale.api.control
 -- Back to pending: the occurrences that fell due while paused follow the
 -- job's catch-up policy at its next claim. resumed_at: none of them makes
--- the job overdue before its grace from now (cron_at_scale.overdue).
+-- the job overdue before its grace from now (cron_at_scale.maintenance.overdue).
 UPDATE cron_at_scale_job
 SET status = 'pending', pause_note = '', resumed_at = statement_timestamp(), updated_at = statement_timestamp()
 WHERE id = %(job_id)s AND status = 'paused'
@@ -67,7 +67,7 @@ WHERE job_id = %(job_id)s AND finished_at IS NULL AND outcome = 'dispatched' AND
 RETURNING attempt;
 
 -- name: copy_jobs  -- run by: cron_at_scale.api.bulk
--- schedule_many's fast path (cron_at_scale/bulk.py): rows streamed in COPY's text format, in
+-- schedule_many's fast path (cron_at_scale/api/bulk.py): rows streamed in COPY's text format, in
 -- this column order; the other columns take their database defaults.
 COPY cron_at_scale_job (id, fire_at, payload, task, queue, options, timezone, max_retries,
                         schedule_type, cron_expr, interval, occurrence_at, catchup, catchup_window, overlap, jitter,

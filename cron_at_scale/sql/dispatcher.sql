@@ -36,10 +36,10 @@ SET LOCAL synchronous_commit = off; SET LOCAL enable_sort = off; SET LOCAL jit =
 -- Each shard's head: its first %(per_shard)s due rows from the (shard, fire_at) index, then
 -- the earliest %(limit)s of those heads. What the statement reads grows with the batch and
 -- the shards held, never with the due rows of shards it does not hold (a stalled or dead
--- peer's backlog); %(per_shard)s is sized by cron_at_scale.shards.ShardHeads. Each head
--- starts at its shard's floor (%(floors)s, NULL for none; cron_at_scale.shards.ShardFloors),
+-- peer's backlog); %(per_shard)s is sized by cron_at_scale.dispatcher.shards.ShardHeads. Each head
+-- starts at its shard's floor (%(floors)s, NULL for none; cron_at_scale.dispatcher.floors.ShardFloors),
 -- past the versions of jobs claimed before it that vacuum has not removed yet.
--- Held queues (cron_at_scale.queues: full, or nobody consumes them) keep their jobs here:
+-- Held queues (cron_at_scale.dispatcher.backpressure: full, or nobody consumes them) keep their jobs here:
 -- a job whose queue column names one, or with an empty queue column whose task routes
 -- to one (%(blank_tasks)s: the tasks whose route differs from the default queue's,
 -- held or not as %(held_blank)s says). A filter on the same index walk.
@@ -100,7 +100,7 @@ SELECT c.id, c.attempts, c.fire_at, c.schedule_type, c.cron_expr, c.timezone, c.
 FROM rows AS c;
 
 -- name: floor_probe  -- run by: cron_at_scale.dispatcher.floors
--- Due rows below the claim's floors (%(shards)s, %(floors)s; cron_at_scale.floors): the first
+-- Due rows below the claim's floors (%(shards)s, %(floors)s; cron_at_scale.dispatcher.floors): the first
 -- of each shard, by the same (shard, fire_at) index and the claim's held-queue filter, no lock
 -- taken. Run by the dispatcher's floor-probe thread, which lowers the floors to what it finds.
 SELECT s.shard, h.fire_at FROM unnest(%(shards)s::smallint[], %(floors)s::timestamptz[]) AS s(shard, floor)
@@ -116,7 +116,7 @@ CROSS JOIN LATERAL (
 -- name: due_ahead  -- run by: cron_at_scale.dispatcher.loop
 -- How many pending jobs of these shards (%(shards)s) fall due in each second ahead, from now to
 -- %(horizon)s seconds (second 0: within the next second), for the dispatcher's pre-loading
--- (cron_at_scale.preload): per shard, an index range read of the partial (shard, fire_at)
+-- (cron_at_scale.dispatcher.preload): per shard, an index range read of the partial (shard, fire_at)
 -- index, at most %(per_shard)s rows, no lock taken. The held-queue filter is the claim's.
 SELECT floor(extract(epoch FROM h.fire_at - statement_timestamp()))::int AS second, count(*) AS n
 FROM unnest(%(shards)s::smallint[]) AS s(shard)
@@ -156,11 +156,11 @@ WHERE job_id = ANY(%(ids)s::uuid[]) AND finished_at IS NULL;
 -- name: advance_recurring  -- run by: cron_at_scale.dispatcher.advance
 -- Claimed recurring jobs move on to their next occurrence; the runs fired
 -- now and the occurrences skipped (overlap) get their attempt rows. due_since
--- (cron_at_scale.overdue), when a run fires and none is waited on: the
+-- (cron_at_scale.maintenance.overdue), when a run fires and none is waited on: the
 -- earlier of that run and the occurrence the job was due for (a run fired
 -- late, after an outage, does not hide how long the job has waited).
 -- Sent as each job's (id, plan number) and each distinct plan once (jobs alike share one,
--- cron_at_scale.advance): its new columns, and its attempts as offsets from the job's counter
+-- cron_at_scale.dispatcher.advance): its new columns, and its attempts as offsets from the job's counter
 -- before this claim (the skipped first, then the fired), which the job's own row gives.
 -- %(parked)s: jobs not due yet whose overlap is decided when they are: locked_until = fire_at,
 -- which the claim passes by until that time (a plain write: no indexed column changes).
@@ -202,7 +202,7 @@ JOIN unnest(%(r_plans)s::int[], %(r_offsets)s::int[], %(r_scheduled)s::timestamp
 
 -- name: expire_runs  -- run by: cron_at_scale.dispatcher.claimed
 -- Runs a dispatcher just claimed (one-off jobs) or logged (recurring ones) that
--- are already past their job's options.expires (cron_at_scale.expiry): not
+-- are already past their job's options.expires (cron_at_scale.policy.expiry): not
 -- published; recorded as skipped, counted in expired_runs; a one-off job ends
 -- cancelled. In the claim's transaction, only when there are such runs.
 WITH a AS (

@@ -84,7 +84,7 @@ FROM j;
 
 -- name: overdue_jobs  -- run by: cron_at_scale.maintenance.overdue
 -- Recurring jobs overdue now, most overdue first, at most %(limit)s; total: how many in all.
--- The rule (cron_at_scale.overdue): a pending recurring job is overdue when the
+-- The rule (cron_at_scale.maintenance.overdue): a pending recurring job is overdue when the
 -- occurrence it waits on is older than its grace (its own, else %(grace)s
 -- seconds): the first run fired since its last success (due_since), else its
 -- next occurrence once due (the later of fire_at and occurrence_at: with its
@@ -154,7 +154,7 @@ WHERE j.id = found.id AND j.overdue_since IS NOT NULL
 RETURNING j.id, found.overdue_since, j.status, j.last_success_at;
 
 -- name: history_due  -- run by: cron_at_scale.maintenance.history
--- Recurring jobs with attempts to trim (cron_at_scale.history): their oldest attempt row is
+-- Recurring jobs with attempts to trim (cron_at_scale.maintenance.history): their oldest attempt row is
 -- not their latest, and is beyond their latest %(keep)s or older than %(age)s seconds (NULL:
 -- no such limit). One index probe per recurring job.
 SELECT j.id, j.attempts
@@ -197,7 +197,7 @@ DELETE FROM cron_at_scale_jobattempt WHERE id IN (
 );
 
 -- name: retention_cutoff  -- run by: cron_at_scale.maintenance.retention
--- Retention (cron_at_scale/retention.py): finished jobs last updated before this are purged.
+-- Retention (cron_at_scale/maintenance/retention.py): finished jobs last updated before this are purged.
 SELECT statement_timestamp() - make_interval(secs => %(age)s);
 
 -- name: retention_chunk  -- run by: cron_at_scale.maintenance.retention

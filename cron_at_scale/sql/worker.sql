@@ -66,7 +66,7 @@ WITH done AS (
                        ELSE statement_timestamp() END,
         locked_by = CASE WHEN j.schedule_type = 'once' THEN '' ELSE j.locked_by END,
         locked_until = CASE WHEN j.schedule_type = 'once' THEN NULL ELSE j.locked_until END,
-        -- a recurring job's latest success (cron_at_scale.overdue); due_since clears when the
+        -- a recurring job's latest success (cron_at_scale.maintenance.overdue); due_since clears when the
         -- success is for the occurrence it waits on or a later one
         (last_success_at, last_success_occurrence, due_since) = (
             SELECT CASE WHEN j.schedule_type = 'once' OR s.occurrence IS NULL THEN j.last_success_at

@@ -52,7 +52,7 @@ def test_the_paths_users_write_in_settings_resolve_without_a_warning():
 
 def test_the_repository_uses_no_old_path():
     old = "|".join(re.escape(name) for name, (_, stays) in compat.MOVED.items() if not stays)
-    dotted = re.compile(rf"cron_at_scale\.(?:{old})\b")
+    dotted = re.compile(rf"cron_at_scale[./](?:{old})\b")
     from_package = re.compile(r"from cron_at_scale import ([\w, ]+)")
     moved = {name for name, (_, stays) in compat.MOVED.items() if not stays}
 
@@ -61,7 +61,7 @@ def test_the_repository_uses_no_old_path():
         names = {part.split(" as ")[0].strip() for part in m.group(1).split(",")} if m else set()
         return bool(dotted.search(line)) or bool(names & moved)
 
-    files = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.toml", "*.ini", "*.cfg"], cwd=ROOT,
+    files = subprocess.run(["git", "ls-files", "*.py", "*.md", "*.sql", "*.toml", "*.ini", "*.cfg"], cwd=ROOT,
                            capture_output=True, text=True, check=True).stdout.split()
     hits = []
     for name in files:

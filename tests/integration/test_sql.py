@@ -18,7 +18,7 @@ from cron_at_scale import conf, worker
 from cron_at_scale import sql as db
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
-from cron_at_scale.worker import attempts as completer
+from cron_at_scale.worker import attempts
 
 pytestmark = pytest.mark.django_db
 
@@ -283,6 +283,6 @@ def test_a_start_keeps_trying_through_a_database_outage(dispatcher, monkeypatch)
 
     monkeypatch.setattr(db, "_fetch", outage)
     monkeypatch.setattr(db, "reset_connection", lambda: None)
-    monkeypatch.setattr(completer.time, "sleep", lambda s: None)
+    monkeypatch.setattr(attempts.time, "sleep", lambda s: None)
     row = worker.AttemptWriter().start(str(job.id), 1, "w")
     assert len(cuts) == 4 and row is not None and row[0] == "running"
