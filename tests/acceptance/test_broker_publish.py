@@ -83,8 +83,12 @@ def test_fast_path_messages_run_on_a_real_worker(system):
     jobs += [cron_at_scale.schedule("demo.tasks.record", queue="reports") for _ in range(10)]
     batch = Dispatcher(name="t").claim()
     assert len(batch) == 60
-    assert Publisher(system.app).fast
-    Publisher(system.app).publish(batch)
+    publisher = Publisher(system.app)
+    assert publisher.fast
+    try:
+        publisher.publish(batch)
+    finally:
+        publisher.close()  # its broker connection, else a socket left to the garbage collector
     system.worker("w1", concurrency=2, extra=["-Q", "celery,reports"])
     wait_for_workers(system.app, ["w1"])
     wait_until(lambda: Job.objects.filter(status="completed").count() == 60, what="60 jobs run from fast-path messages")
