@@ -24,21 +24,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class _Served:
-    """The hooks the receivers call: those of ``MIDDLEWARE``, handed in by :func:`serve` (the task
-    module, which defines the list, imports this one: never the other way round)."""
-
-    hooks: Hooks | None = None
+# The hooks the receivers call: those of MIDDLEWARE, handed in by serve() from the task module,
+# which defines the list and imports this one (never the other way round).
+_hooks: Hooks | None = None
 
 
 def serve(hooks: Hooks) -> None:
     """Make the receivers call ``hooks`` (:data:`cron_at_scale.worker.task.hooks`)."""
-    _Served.hooks = hooks
+    global _hooks
+    _hooks = hooks
 
 
 def call(hook: str, *args: Any) -> None:
     """Call ``hook`` of every middleware overriding it, in order; log (and pass) a hook's error."""
-    hooks = _Served.hooks
+    hooks = _hooks
     if hooks is None:  # the task module not imported: no middleware in this process
         return
     for m in hooks[hook]:
@@ -57,8 +56,8 @@ def _connect(signal, name: str):
 
 @_connect(signals.worker_init, "worker_init")
 def _worker_init(sender=None, **kwargs) -> None:
-    if _Served.hooks is not None:
-        _Served.hooks.refresh()  # the hooks of MIDDLEWARE as the worker starts, not as it was imported
+    if _hooks is not None:
+        _hooks.refresh()  # the hooks of MIDDLEWARE as the worker starts, not as it was imported
     call("before_worker_boot", sender)
 
 
@@ -69,8 +68,8 @@ def _worker_ready(sender=None, **kwargs) -> None:
 
 @_connect(signals.worker_process_init, "worker_process_init")
 def _worker_process_init(**kwargs) -> None:
-    if _Served.hooks is not None:
-        _Served.hooks.refresh()
+    if _hooks is not None:
+        _hooks.refresh()
     call("after_process_boot")
 
 
