@@ -24,20 +24,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-# The hooks the receivers call: those of MIDDLEWARE, handed in by serve() from the task module,
-# which defines the list and imports this one (never the other way round).
-_hooks: Hooks | None = None
+class _Served:
+    """The hooks the receivers call: those of ``MIDDLEWARE``, handed in by :func:`serve` (the task
+    module, which defines the list, imports this one: never the other way round)."""
+
+    hooks: Hooks | None = None
 
 
 def serve(hooks: Hooks) -> None:
     """Make the receivers call ``hooks`` (:data:`cron_at_scale.worker.task.hooks`)."""
-    global _hooks
-    _hooks = hooks
+    _Served.hooks = hooks
 
 
 def call(hook: str, *args: Any) -> None:
     """Call ``hook`` of every middleware overriding it, in order; log (and pass) a hook's error."""
-    hooks = _hooks
+    hooks = _Served.hooks
     if hooks is None:  # the task module not imported: no middleware in this process
         return
     for m in hooks[hook]:
@@ -56,8 +57,8 @@ def _connect(signal, name: str):
 
 @_connect(signals.worker_init, "worker_init")
 def _worker_init(sender=None, **kwargs) -> None:
-    if _hooks is not None:
-        _hooks.refresh()  # the hooks of MIDDLEWARE as the worker starts, not as it was imported
+    if _Served.hooks is not None:
+        _Served.hooks.refresh()  # the hooks of MIDDLEWARE as the worker starts, not as it was imported
     call("before_worker_boot", sender)
 
 
@@ -68,8 +69,8 @@ def _worker_ready(sender=None, **kwargs) -> None:
 
 @_connect(signals.worker_process_init, "worker_process_init")
 def _worker_process_init(**kwargs) -> None:
-    if _hooks is not None:
-        _hooks.refresh()
+    if _Served.hooks is not None:
+        _Served.hooks.refresh()
     call("after_process_boot")
 
 
