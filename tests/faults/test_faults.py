@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -177,17 +178,55 @@ def test_redis_killed_and_restarted_during_burst(env):
     # A supervisor's job (systemd, Kubernetes): restart a Celery worker that exited, whether kombu's
     # reconnection killed it or its watchdog made it exit, until every job settled.
     worker_exits: list[str] = []
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+
+    def supervise() -> None:
         for name in ("wa", "wb"):
             if not s.alive(name):
                 worker_exits.append(f"{name}:{s.procs[name].returncode}")
                 s.procs[f"{name}-dead{len(worker_exits)}"] = s.procs.pop(name)
                 s.worker(name)
-        if env.db.one("""SELECT count(*) FROM fault_expected e JOIN cron_at_scale_job j ON j.id = e.job_id
-                         WHERE j.status IN ('pending', 'in_progress')""") == 0:
-            break
-        time.sleep(0.2)
+
+    def settle(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            supervise()
+            if env.db.one("""SELECT count(*) FROM fault_expected e JOIN cron_at_scale_job j ON j.id = e.job_id
+                             WHERE j.status IN ('pending', 'in_progress')""") == 0:
+                return
+            time.sleep(0.2)
+
+    def consumers() -> dict[str, tuple[bool, bool]]:
+        """worker -> (seen stuck, consumed after the restart)."""
+        rows = env.db.q("SELECT name, stuck_count, last_received >= %s FROM cron_at_scale_workerhealth",
+                        (restarted_at,))
+        return {name.split("@")[0]: (stuck > 0, bool(consumed)) for name, stuck, consumed in rows}
+
+    settle(120)
+    # A worker whose consumer died in the reconnection is only seen when messages wait for it: if the
+    # other worker drained the queue alone, nothing waited. Pause the one that consumes, give the silent
+    # one messages, and wait the watchdog's bound (S + 2I, here 7 s) plus slack for the box.
+    silent = [n for n, (stuck, consumed) in consumers().items()
+              if n in ("wa", "wb") and not stuck and not consumed and s.alive(n)]
+    if silent:
+        paused = [n for n in ("wa", "wb") if n not in silent and s.alive(n)]
+        for n in paused:
+            os.killpg(s.procs[n].pid, signal.SIGSTOP)
+        try:
+            schedule_once(env.db, burst(40, 0.0, start=0.0))
+            deadline = time.monotonic() + 5.0 + 2 * 1.0 + 15.0
+            while time.monotonic() < deadline:
+                seen = consumers()
+                exited = {e.split(":")[0] for e in worker_exits if e.endswith(":70")}
+                if all(seen.get(n, (False, False))[0] or seen.get(n, (False, False))[1] or n in exited
+                       for n in silent):
+                    break
+                supervise()
+                time.sleep(0.2)
+        finally:
+            for n in paused:
+                os.killpg(s.procs[n].pid, signal.SIGCONT)
+        print(f"[faults] silent after the restart: {silent}; paused {paused} to make messages wait for them")
+        settle(120)
     health = env.db.q("""SELECT name, state, stuck_count, note, last_received >= %s AS consumed_after_restart
                          FROM cron_at_scale_workerhealth ORDER BY name""", (restarted_at,))
     try:
