@@ -25,8 +25,9 @@ import faultkit
 SETTINGS = {"DISPATCH_LEASE": 6.0, "RUN_LEASE": 4.0, "HEARTBEAT_INTERVAL": 1.0, "REAPER_INTERVAL": 0.5,
             "SHARD_LEASE": 3.0, "LOOKAHEAD": 1.0, "BATCH_SIZE": 200, "POLL_INTERVAL": 0.05, "MAX_LOST_ATTEMPTS": 5}
 DB_NAME = "nemesis"
-# Node i: host side 10.213.i.1 (PostgreSQL listens there) and 10.213.i.3 (Redis), namespace side 10.213.i.2.
-SUBNET = "10.213"
+# Node i: host side 10.N.i.1 (PostgreSQL listens there) and 10.N.i.3 (Redis), namespace side 10.N.i.2;
+# N from the pid, so that two runs on one host do not route each other's addresses.
+SUBNET = f"10.{100 + os.getpid() % 150}"
 
 
 def _sh(*args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
