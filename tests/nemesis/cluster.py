@@ -138,7 +138,7 @@ class Cluster:
     """Everything a run starts; ``close()`` stops it all (also after a failure)."""
 
     def __init__(self, run_dir: Path, dispatchers: int = 2, workers: int = 2, netns: bool = True,
-                 standby: bool = True, settings: dict | None = None):
+                 standby: bool = True, settings: dict | None = None, fsync: bool = True):
         self.run_dir = run_dir
         self.log_dir = run_dir / "logs"
         self.ledger_dir = run_dir / "ledger"
@@ -148,6 +148,7 @@ class Cluster:
         self.why_no_netns = netns_unavailable() if netns else "namespaces switched off (--no-netns)"
         self.ns: dict[str, Netns] = {}
         self.want_standby = standby
+        self.fsync = fsync
         self.pg: faultkit.PrivatePostgres | None = None
         self.standby: faultkit.PrivatePostgres | None = None
         self.standby_ready = threading.Event()
@@ -177,6 +178,10 @@ class Cluster:
         # Synchronous replication while a standby streams: an acknowledged commit is on both, so a
         # failover loses none (with asynchronous replication it may, by design, not by a bug of ours).
         self.pg.extra_opts = "-c wal_level=replica -c max_wal_senders=10 -c wal_keep_size=512MB -c hot_standby=on"
+        if self.fsync:
+            # Durability on, as the guarantees assume: a later -c wins over faultkit's fsync=off, so a
+            # crash (pg_restart, failover) loses only what a real server would lose.
+            self.pg.extra_opts += " -c fsync=on -c full_page_writes=on"
         self.pg.start()
         faultkit.migrate_template(self.pg, DB_NAME, self.log_dir)
         if self.want_standby:
@@ -231,7 +236,7 @@ class Cluster:
         prefix = ns.prefix if ns else None
         env = {"DATABASE_URL": self.db_url(ns.host_ip if ns else "127.0.0.1"),
                "CELERY_BROKER_URL": self.broker_url(ns.broker_ip if ns else "127.0.0.1"),
-               "NEMESIS_LEDGER_DIR": str(self.ledger_dir), **self.extra_env}
+               "NEMESIS_LEDGER_DIR": str(self.ledger_dir), "NEMESIS_NODE": name, **self.extra_env}
         with self._lock:
             old = self.system.procs.get(name)
             if old is not None:

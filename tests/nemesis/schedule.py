@@ -8,6 +8,10 @@ from dataclasses import asdict, dataclass
 NODE_KINDS = ("kill", "stop", "clock", "partition_pg", "partition_broker")
 SERVER_KINDS = {"pg_restart": "pg", "failover": "pg", "broker_restart": "broker"}
 ALL_KINDS = ("kill", "stop", "pg_restart", "broker_restart", "clock", "partition_pg", "partition_broker", "failover")
+# Scenarios, "kind" or "kind:role" (role: worker or dispatcher): what a run must contain to reach every
+# promise's main scenario (docs/faults.md, "Nemesis"). A short run schedules these first.
+REQUIRED = ("stop:worker", "kill:worker", "partition_pg:worker", "pg_restart", "failover", "broker_restart",
+            "kill:dispatcher", "stop:dispatcher", "partition_broker:dispatcher", "clock")
 
 
 @dataclass
@@ -42,26 +46,48 @@ def _duration(rng: random.Random, kind: str, leases: float) -> float:
     return 0.0  # failover
 
 
+def role(target: str) -> str:
+    """``worker``, ``dispatcher``, or the server's own name (``pg``, ``broker``)."""
+    return {"w": "worker", "d": "dispatcher"}.get(target[:1], target)
+
+
+def scenario(kind: str, target: str) -> str:
+    """The scenario a fault is: ``kind:role`` for a node fault, ``kind`` for a server fault."""
+    return kind if kind in SERVER_KINDS else f"{kind}:{role(target)}"
+
+
+def covers(faults, want) -> list[str]:
+    """The scenarios of ``want`` that no fault of ``faults`` (``Fault``s or fault records) is."""
+    have = {scenario(f.kind, f.target) if isinstance(f, Fault) else scenario(f["kind"], f["target"]) for f in faults}
+    return [w for w in want if w not in have and not (":" not in w and any(h.split(":")[0] == w for h in have))]
+
+
 def make_schedule(seed: int, minutes: float, nodes: list[str], kinds: list[str], gap: tuple[float, float] = (4.0, 9.0),
-                  warmup: float = 6.0, leases: float = 6.0) -> list[Fault]:
+                  warmup: float = 6.0, leases: float = 6.0, cover: tuple[str, ...] = ()) -> list[Fault]:
     """One fault every ``gap`` seconds over ``minutes``; a node or server is never hurt twice at once.
 
     A failover keeps PostgreSQL busy for 30 s (the new standby's base backup), so nothing else
-    touches PostgreSQL meanwhile. Same arguments, same schedule.
+    touches PostgreSQL meanwhile. ``cover``: scenarios (:data:`REQUIRED`) scheduled first, in a
+    seeded order, each as soon as its target is free. Same arguments, same schedule.
     """
     rng = random.Random(seed)
+    todo = [c for c in cover if c.split(":")[0] in kinds]
+    rng.shuffle(todo)
     free_at: dict[str, float] = {}
     out: list[Fault] = []
     t = warmup
     end = minutes * 60.0 - 4.0
     while t < end:
-        kind = rng.choice(kinds)
+        want = _next_scenario(todo, nodes, free_at, t)
+        kind = want.split(":")[0] if want else rng.choice(kinds)
         duration = _duration(rng, kind, leases)
         if kind in SERVER_KINDS:
             candidates = [SERVER_KINDS[kind]]
         else:
-            candidates = list(nodes)
+            candidates = [n for n in nodes if not want or ":" not in want or role(n) == want.split(":")[1]]
         candidates = [c for c in candidates if free_at.get(c, 0.0) <= t]
+        if want and candidates:
+            todo.remove(want)
         target = rng.choice(candidates) if candidates else None
         offset = rng.choice((-3600.0, 3600.0)) if kind == "clock" else 0.0
         if target is not None:
@@ -70,3 +96,13 @@ def make_schedule(seed: int, minutes: float, nodes: list[str], kinds: list[str],
             out.append(Fault(round(t, 2), kind, target, round(duration, 2), offset))
         t += rng.uniform(*gap)
     return out
+
+
+def _next_scenario(todo: list[str], nodes: list[str], free_at: dict[str, float], t: float) -> str | None:
+    """The first scenario still to cover whose target is free at ``t`` (None: draw at random)."""
+    for want in todo:
+        kind, _, r = want.partition(":")
+        targets = [SERVER_KINDS[kind]] if kind in SERVER_KINDS else [n for n in nodes if not r or role(n) == r]
+        if any(free_at.get(c, 0.0) <= t for c in targets):
+            return want
+    return None
