@@ -84,8 +84,14 @@ def _end(f: dict) -> float:
     return f.get("heal") or f["start"]
 
 
-def _node(worker: str | None) -> str | None:
-    return worker.split("@")[0] if worker else None
+def _node(worker: str | None, pids: dict[int, str]) -> str | None:
+    """The node of an attempt row's ``worker`` (``host:pid`` of the pool process, or ``node@host``)."""
+    if not worker:
+        return None
+    if "@" in worker:
+        return worker.split("@")[0]
+    pid = worker.rpartition(":")[2]
+    return pids.get(int(pid)) if pid.isdigit() else None
 
 
 def fault_bound(f: dict, ready: float, s: dict, lim: dict) -> float:
@@ -382,6 +388,7 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
 def _check_reruns(starts, ends, attempts, planned, cancels, jobs, faults, s, lim, add, res) -> None:
     """Rules ``rerun_without_lost_lease``, ``lost_without_fault`` and ``success_not_recorded``."""
     rl, hb = float(s["RUN_LEASE"]), float(s["HEARTBEAT_INTERVAL"])
+    pids = {x["pid"]: x["node"] for xs in starts.values() for x in xs if x.get("node")}  # pool process -> node
 
     def lease_faults(node, t0, t1):
         """Faults that could make an attempt running on ``node`` from ``t0`` lose its lease by ``t1``:
@@ -427,7 +434,7 @@ def _check_reruns(starts, ends, attempts, planned, cancels, jobs, faults, s, lim
     for (job, a), row in attempts.items():
         if row.get("outcome") != "lost" or row.get("started_at") is None or row.get("finished_at") is None:
             continue
-        if not lease_faults(_node(row.get("worker")), row["started_at"], row["finished_at"]):
+        if not lease_faults(_node(row.get("worker"), pids), row["started_at"], row["finished_at"]):
             add("lost_without_fault", job, row["finished_at"],
                 f"attempt {a} started {row['started_at']:.2f} on {row.get('worker')} reaped as lost "
                 f"{row['finished_at'] - row['started_at']:.2f}s later (RUN_LEASE {rl:g}s); faults near: "

@@ -122,6 +122,45 @@ class Netns:
         _sh("ip", "netns", "del", self.name, check=False)
 
 
+# Seconds the WAL writer is frozen before a crash: the asynchronous commits of that time (claims,
+# heartbeats; a start, were it asynchronous) stay in PostgreSQL's memory, unwritten, and are lost,
+# as an operating system crash loses what was not flushed (fsync on or off, a crash of the server's
+# processes alone loses only what they had not written).
+WAL_STALL = 0.5
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+    return out
+
+
+def crash(pg: faultkit.PrivatePostgres) -> None:
+    """Crash the server as a power loss would: WAL writer frozen for :data:`WAL_STALL`, then the
+    postmaster frozen and every process of it killed -9 at once. ``start()`` brings it back."""
+    pid = int((pg.data / "postmaster.pid").read_text().split()[0])
+    kids = _children(pid)
+    for k in kids:
+        with contextlib.suppress(OSError):
+            if b"walwriter" in Path(f"/proc/{k}/cmdline").read_bytes():
+                os.kill(k, signal.SIGSTOP)
+    time.sleep(WAL_STALL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
+    for k in set(kids) | set(_children(pid)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(k, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # reaped: a new postmaster may start
+        time.sleep(0.05)
+
+
 class StandbyPostgres(faultkit.PrivatePostgres):
     """A streaming standby: ``pg_basebackup -R`` of ``primary`` (on ``port`` if given), then started."""
 
@@ -274,7 +313,7 @@ class Cluster:
     # -- servers -----------------------------------------------------------
 
     def pg_stop(self) -> None:
-        self.pg.halt("immediate")
+        crash(self.pg)
 
     def pg_start(self) -> None:
         self.pg.start()
@@ -292,7 +331,7 @@ class Cluster:
         old, new = self.pg, self.standby
         self.standby = None
         self.standby_ready.clear()
-        old.halt("immediate")
+        crash(old)
         new._run(str(new.bin / "pg_ctl"), "-D", str(new.data), "-w", "-t", "60", "promote")
         admin = faultkit.connect(new.url("postgres"))
         with admin.cursor() as cur:  # alone now: a synchronous standby it waits for would block every commit

@@ -150,13 +150,28 @@ def collect(cluster: Cluster, run_dir: Path) -> tuple:
         fsync = db.one("SHOW fsync")
     finally:
         db.close()
+    # The final rows beside the ledger, so that the run can be checked again offline (recheck()).
+    (run_dir / "rows.json").write_text(json.dumps({"jobs": jobs, "attempts": [[j, a, r] for (j, a), r in attempts.items()],
+                                                   "fsync": fsync}))
+    ledger = checker.read_jsonl(sorted((run_dir / "ledger").glob("*.jsonl")))
+    workload = checker.read_jsonl([run_dir / "workload.jsonl"])
+    # A node that exited by itself (a worker stuck after a broker restart) died as a kill would: a fault.
+    with open(run_dir / "faults.jsonl", "a") as f:
+        for t, name, rc in cluster.exits:
+            f.write(json.dumps({"kind": "exit", "target": name, "start": t - 0.5, "heal": t, "duration": 0.5,
+                                "at": None, "error": None, "returncode": rc}) + "\n")
+    faults = checker.read_jsonl([run_dir / "faults.jsonl"])
+    return ledger, jobs, attempts, workload, faults, fsync
+
+
+def recheck(run_dir: Path, settings: dict | None = None, limits: dict | None = None) -> checker.Result:
+    """Check a kept run directory again (after a change to the checker), from its files alone."""
+    rows = json.loads((run_dir / "rows.json").read_text())
+    attempts = {(j, a): r for j, a, r in rows["attempts"]}
     ledger = checker.read_jsonl(sorted((run_dir / "ledger").glob("*.jsonl")))
     workload = checker.read_jsonl([run_dir / "workload.jsonl"])
     faults = checker.read_jsonl([run_dir / "faults.jsonl"]) if (run_dir / "faults.jsonl").exists() else []
-    # A node that exited by itself (a worker stuck after a broker restart) died as a kill would: a fault.
-    faults += [{"kind": "exit", "target": name, "start": t - 0.5, "heal": t, "duration": 0.5, "at": None,
-                "error": None, "returncode": rc} for t, name, rc in cluster.exits]
-    return ledger, jobs, attempts, workload, faults, fsync
+    return checker.check(ledger, rows["jobs"], attempts, workload, faults, limits, settings=settings)
 
 
 def wait_settled(cluster: Cluster, timeout: float) -> float:
