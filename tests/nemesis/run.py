@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cover", action="store_true",
                     help="schedule every required scenario first (schedule.REQUIRED); exit 1 if one is missing")
     ap.add_argument("--fsync-off", action="store_true", help="PostgreSQL with fsync=off (to measure what it costs)")
+    ap.add_argument("--keep", action="store_true", help="keep the run directory also when the run passes")
     a = ap.parse_args(argv)
     kinds = [k for k in a.kinds.split(",") if k]
     if a.schedule_only:
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         print(out.result.evidence())
         print(f"\nrun directory (ledger, workload, faults, logs): {out.run_dir}")
         print(f"reproduce: python -m tests.nemesis --seed {a.seed} --minutes {a.minutes}")
-    else:
+    elif not a.keep:
         shutil.rmtree(out.run_dir, ignore_errors=True)
     return 0 if ok else 1
 
