@@ -23,7 +23,8 @@ run never started, or a cron occurrence within the run never ran),
 its fire time less the skew), ``after_cancel`` (started after a committed
 cancel), ``late`` (a run's first start later after its fire time than the
 bounds of the faults that cover it allow, see :func:`allowed_start`),
-``rerun_without_lost_lease`` (a run started again under a new attempt number
+``start_not_recorded`` (a task ran under an attempt whose row has no
+``started_at``: its start was not durable), ``rerun_without_lost_lease`` (a run started again under a new attempt number
 although its earlier attempt was neither retried nor lost to a fault that
 could lose its lease), ``lost_without_fault`` (an attempt reaped as lost while
 running with no such fault), ``success_not_recorded`` (a task returned well
@@ -61,6 +62,9 @@ LIMITS = {
     # A fault still covers jobs due this long after it healed (processes reconnect with a back-off up to
     # 5 s, docs/guarantees.md "PostgreSQL crash or restart": restart time + 5 s).
     "reconnect": 5.0,
+    # And this much per fault covering it: each fault's recovery (a reconnect, a process booting) comes
+    # after the previous one's when they overlap.
+    "slack_per_fault": 1.0,
     # A lease runs RUN_LEASE from the worker's last renewal; a renewal may come this late on a loaded box.
     "lease_slack": 1.5,
     # A success is durable once written: with the next start or COMPLETION_DELAY (0.05 s) after the task
@@ -143,7 +147,7 @@ def allowed_start(due: float, start: float, lost_unstarted: int, faults: list[di
     The faults are taken in the order they began, each from when the run was ready under the ones
     before (overlapping faults add up). The second and later unstarted losses add their doubled
     dispatch leases (``DISPATCH_LEASE`` x 2^k, k <= 4); the first is in the faults' bounds, or, with
-    no fault covering the run, one ``DISPATCH_LEASE``. Then ``slack``.
+    no fault covering the run, one ``DISPATCH_LEASE``. Then ``slack``, and ``slack_per_fault`` per fault.
     """
     dl, ri = float(s["DISPATCH_LEASE"]), float(s["REAPER_INTERVAL"])
     cov = sorted((f for f in faults if f["start"] <= start and _end(f) + lim["reconnect"] >= due),
@@ -154,7 +158,7 @@ def allowed_start(due: float, start: float, lost_unstarted: int, faults: list[di
     if lost_unstarted and not cov:
         t += dl + ri
     t += sum(dl * 2 ** min(k, 4) + ri for k in range(1, lost_unstarted))
-    return t + lim["slack"], cov
+    return t + lim["slack"] + lim["slack_per_fault"] * len(cov), cov
 
 
 @dataclass
@@ -248,6 +252,15 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
                 f"{line['pid']} at {line['wall']:.3f}; attempt row {attempts.get(key)}")
         else:
             seen[key] = line
+
+    # start_not_recorded: a task ran under an attempt number whose row says no worker started it (the
+    # start, the fencing token, was lost: a crash could hand the same number out again)
+    for line in seen.values():
+        row = attempts.get((line["job"], line["attempt"]))
+        if row is not None and row.get("started_at") is None:
+            add("start_not_recorded", line["job"], line["wall"],
+                f"attempt {line['attempt']} started at {line['wall']:.3f} (pid {line['pid']}, {line.get('node')}) "
+                f"but its row has no start: {row}")
 
     # early: before the fire time the task was given (and, for one-off jobs, the one scheduled)
     for job, lines in starts.items():
@@ -422,7 +435,9 @@ def _check_reruns(starts, ends, attempts, planned, cancels, jobs, faults, s, lim
                 row = attempts.get((job, k)) or {}
                 if row.get("outcome") == "retried" and k not in ended:
                     continue
-                if lease_faults(first.get("node"), first["wall"], again["wall"]):
+                # the lease began at the start's commit: before the ledger line if the worker stalled between
+                began = min(first["wall"], row.get("started_at") or first["wall"])
+                if lease_faults(first.get("node"), began, again["wall"]):
                     continue
                 add("rerun_without_lost_lease", job, again["wall"],
                     f"attempt {k} (node {first.get('node')}, started {first['wall']:.2f}, outcome "

@@ -147,7 +147,7 @@ def test_checker_counts_a_job_failed_by_max_lost_attempts_as_the_policy():
 @pytest.mark.parametrize("breakage, rule", [
     ("duplicate", "duplicate"), ("early", "early"), ("missed", "missed"), ("cron_missed", "missed"),
     ("failed", "failed_not_by_policy"), ("discarded", "success_discarded"), ("after_cancel", "after_cancel"),
-    ("late", "late"), ("lost_row", "lost_job"), ("unsettled", "unsettled"),
+    ("late", "late"), ("lost_row", "lost_job"), ("unsettled", "unsettled"), ("start_lost", "start_not_recorded"),
 ])
 def test_checker_flags_a_broken_history(breakage, rule):
     ledger, jobs, attempts, workload, faults = _history()
@@ -174,6 +174,8 @@ def test_checker_flags_a_broken_history(breakage, rule):
     elif breakage == "late":
         faults.append({"kind": "kill", "target": "w1", "start": T - 5, "heal": T - 4})
         ledger[0] = _start(a, 1, T + 45, T)
+    elif breakage == "start_lost":  # the task ran, but its start did not survive: the row was reaped unstarted
+        attempts[(a, 1)].update(outcome="lost", started_at=None)
     elif breakage == "lost_row":
         del jobs[a]
     elif breakage == "unsettled":
