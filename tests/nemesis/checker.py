@@ -144,19 +144,22 @@ def allowed_start(due: float, start: float, lost_unstarted: int, faults: list[di
     ``lost_unstarted`` earlier attempts of it were lost before any worker started them; and the faults
     that cover it (begun before ``start``, ended at most ``reconnect`` seconds before ``due``).
 
-    The faults are taken in the order they began, each from when the run was ready under the ones
-    before (overlapping faults add up). The second and later unstarted losses add their doubled
-    dispatch leases (``DISPATCH_LEASE`` x 2^k, k <= 4); the first is in the faults' bounds, or, with
-    no fault covering the run, one ``DISPATCH_LEASE``. Then ``slack``, and ``slack_per_fault`` per fault.
+    The latest of the covering faults' bounds (:func:`fault_bound`; one that ended before ``due``
+    loses nothing of it: only ``reconnect`` after its end). Faults do not add up: a second fault that
+    hurts the run again loses its message again, and the product counts that loss. So the second and
+    later unstarted losses add their doubled dispatch leases (``DISPATCH_LEASE`` x 2^k, k <= 4), and
+    the first is in the bound of a fault still active at ``due`` or, with none, one ``DISPATCH_LEASE``
+    from when the run was ready.
+    Then ``slack``, and ``slack_per_fault`` per covering fault.
     """
     dl, ri = float(s["DISPATCH_LEASE"]), float(s["REAPER_INTERVAL"])
     cov = sorted((f for f in faults if f["start"] <= start and _end(f) + lim["reconnect"] >= due),
                  key=lambda f: f["start"])
     t = due
     for f in cov:
-        t = max(t, fault_bound(f, t, s, lim))
-    if lost_unstarted and not cov:
-        t += dl + ri
+        t = max(t, _end(f) + lim["reconnect"] if _end(f) < due else fault_bound(f, due, s, lim))
+    if lost_unstarted and not [f for f in cov if _end(f) >= due]:
+        t += dl + ri  # lost after the faults (a start that gave up while its connection came back)
     t += sum(dl * 2 ** min(k, 4) + ri for k in range(1, lost_unstarted))
     return t + lim["slack"] + lim["slack_per_fault"] * len(cov), cov
 
