@@ -125,8 +125,8 @@ class Netns:
 # Seconds the WAL writer is frozen before a crash: the asynchronous commits of that time (claims,
 # heartbeats; a start, were it asynchronous) stay in PostgreSQL's memory, unwritten, and are lost,
 # as an operating system crash loses what was not flushed (fsync on or off, a crash of the server's
-# processes alone loses only what they had not written).
-WAL_STALL = 0.5
+# processes alone loses only what they had not written). $NEMESIS_WAL_STALL changes it (0: a plain crash).
+WAL_STALL = float(os.environ.get("NEMESIS_WAL_STALL", "0.5"))
 
 
 def _children(pid: int) -> list[int]:
