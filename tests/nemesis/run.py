@@ -144,9 +144,9 @@ def collect(cluster: Cluster, run_dir: Path) -> tuple:
         attempts = {(str(r[0]), r[1]): {"outcome": r[2], "started_at": r[3].timestamp() if r[3] else None,
                                          "error": r[4][:120], "worker": r[5],
                                          "finished_at": r[6].timestamp() if r[6] else None,
-                                         "scheduled_at": r[7].timestamp()}
+                                         "scheduled_at": r[7].timestamp(), "dispatched_at": r[8].timestamp()}
                     for r in db.q("SELECT job_id, attempt, outcome, started_at, error, worker, finished_at, "
-                                  "scheduled_at FROM cron_at_scale_jobattempt")}
+                                  "scheduled_at, dispatched_at FROM cron_at_scale_jobattempt")}
         fsync = db.one("SHOW fsync")
     finally:
         db.close()

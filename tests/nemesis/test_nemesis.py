@@ -239,14 +239,18 @@ def test_checker_flags_a_success_not_recorded():
                                                                     faults).violations}
 
 
-@pytest.mark.parametrize("start, late", [(10.0, False), (13.0, True)])
-def test_checker_counts_lateness_from_the_fire_time(start, late):
-    """A job due while a dispatcher is stalled for 14 s starts within SHARD_LEASE/DISPATCH_LEASE of the
-    stall's start (plus reaper and slack), not within a bound counted from the stall's end."""
+@pytest.mark.parametrize("start, dispatched, late", [(10.0, None, False), (13.0, None, True), (13.0, 1.0, False),
+                                                     (13.0, 12.8, True)])
+def test_checker_counts_lateness_from_the_fire_time(start, dispatched, late):
+    """A job due while a dispatcher is stalled for 14 s is dispatched within SHARD_LEASE/DISPATCH_LEASE
+    of the stall's start (plus reaper and slack), not within a bound counted from the stall's end; one
+    dispatched in time may then wait for a free worker slot (queue_wait)."""
     ledger, jobs, attempts, workload, faults = _history()
     a = workload[0]["job"]
     ledger[0], ledger[1] = _start(a, 1, T + start, T), _start(a, 1, T + start + 0.1, T, ev="end")
     attempts[(a, 1)] = _row("succeeded", T + start, T + start + 0.1, T)
+    if dispatched is not None:
+        attempts[(a, 1)]["dispatched_at"] = T + dispatched
     faults.append({"kind": "stop", "target": "d1", "start": T - 1, "heal": T + 13})
     res = checker.check(ledger, jobs, attempts, workload, faults)
     assert ("late" in {v.rule for v in res.violations}) == late, res.evidence()
