@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import time
 
@@ -371,6 +372,64 @@ def test_clock_skew_of_one_hour(env):
 # ---------------------------------------------------------------------------
 # 7. A task longer than the dispatch lease: kept by its heartbeat, re-run after its worker dies
 # ---------------------------------------------------------------------------
+
+# ---------------------------------------------------------------------------
+# 9. A dispatcher stalled inside its claim transaction (SIGSTOP with its rows locked)
+# ---------------------------------------------------------------------------
+
+STALL = {**BASE, "SHARD_LEASE": 3.0, "DISPATCH_LEASE": 6.0}
+
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` ("T": stopped), "" once gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def test_dispatcher_stalled_inside_its_claim_transaction(env, tmp_path):
+    """A dispatcher SIGSTOPped with a claim's rows locked and not committed: the server ends its
+    transaction after the shard lease, the rows go back to pending, the peer that takes its shards
+    fires them; on SIGCONT the stalled one finds its claim gone and publishes none of it."""
+    trigger = tmp_path / "stall-d1"
+    s = env.system(STALL)
+    s.worker("wa")
+    s.worker("wb")
+    d1 = s.dispatcher("d1", failpoints=f"dispatcher.in_claim=stop:{trigger}")
+    s.dispatcher("d2")
+    s.wait_workers(["wa", "wb"])
+    deadline = time.monotonic() + 30
+    while env.db.one("SELECT count(DISTINCT owner) FROM cron_at_scale_shardlease WHERE expires_at > now()") < 2:
+        assert time.monotonic() < deadline, "the two dispatchers never shared the shards"
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    trigger.touch()  # d1 stops itself at its next claim that locked rows
+    schedule_once(env.db, burst(400, 0.5, start=1.5))
+    while process_state(d1.pid) != "T":
+        assert time.monotonic() < t0 + 20, f"d1 never stalled in its claim:\n{s.log('d1')}"
+        time.sleep(0.02)
+    stalled_at = time.monotonic()
+    # the rows d1 holds: pending for everyone else, yet not lockable
+    locked = env.db.one("""SELECT (SELECT count(*) FROM cron_at_scale_job WHERE status = 'pending')
+                                - (SELECT count(*) FROM (SELECT 1 FROM cron_at_scale_job WHERE status = 'pending'
+                                                         FOR UPDATE SKIP LOCKED) l)""")
+    sleep_until(stalled_at, 20.0)  # the review's stall; before the bound, its rows started 16-17 s late
+    os.kill(d1.pid, signal.SIGCONT)
+    r = finish(env, s, "9 dispatcher stalled in its claim (SIGSTOP 20 s)", t0, timeout=60,
+               extra={"stall_s": 20.0, "shard_lease_s": STALL["SHARD_LEASE"], "rows_held_by_the_stalled": locked},
+               max_lateness=STALL["SHARD_LEASE"] * 1.25 + 4.0)  # + a loaded box's queue and poll
+    time.sleep(1.0)
+    assert s.alive("d1"), f"the stalled dispatcher did not survive its killed claim:\n{s.log('d1')}"
+    server_log = env.pg.log_tail(10**6) if hasattr(env.pg, "log_tail") else "idle-in-transaction timeout"
+    assert "idle-in-transaction timeout" in server_log, "the server did not end the stalled claim"
+    assert "database unavailable" in s.log("d1", 100000), "d1 did not notice its claim was gone\n" + s.log("d1")
+    # The claim rolled back: each job fired once, under attempt 1, by the peer; none was lost or re-fired.
+    assert env.db.q("SELECT max(attempts), sum(lost_attempts) FROM cron_at_scale_job")[0] == (1, 0)
+    assert r.lost_attempts == 0 and r.reexecuted_jobs == 0
+    assert locked > 0, "the stall held no rows: the scenario tested nothing"
+
 
 LONG = {**BASE, "DISPATCH_LEASE": 2.0, "RUN_LEASE": 3.0, "HEARTBEAT_INTERVAL": 1.0, "REAPER_INTERVAL": 0.25}
 
