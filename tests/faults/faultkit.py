@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -232,6 +233,73 @@ class DB:
     def close(self):
         with contextlib.suppress(Exception):
             self.conn.close()
+
+
+# ---------------------------------------------------------------------------
+# A slow link (this kernel has no netem: a userspace TCP proxy)
+# ---------------------------------------------------------------------------
+
+
+class SlowLink:
+    """A TCP proxy on a free port of 127.0.0.1 to ``(host, port)`` that holds every chunk it reads,
+    each way, ``delay`` seconds before passing it on (read, sleep, write: a chunk also waits for the
+    one before it, as on a congested link). ``delay`` may change while it runs (0: a plain proxy).
+    ``url(db_url)``: the same URL through the proxy."""
+
+    def __init__(self, host: str, port: int, delay: float = 0.0):
+        self.target = (host, port)
+        self.delay = delay
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.chunks = 0
+        self._open: list[socket.socket] = []
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True, name="slowlink-accept").start()
+
+    def url(self, db_url: str) -> str:
+        u = urlsplit(db_url)
+        return u._replace(netloc=f"{u.username or 'postgres'}@127.0.0.1:{self.port}").geturl()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            self._open += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True, name="slowlink").start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                self.chunks += 1
+                if self.delay:
+                    time.sleep(self.delay)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        for s in self._open:
+            with contextlib.suppress(OSError):
+                s.close()
 
 
 # ---------------------------------------------------------------------------

@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import time
+from urllib.parse import urlsplit
 
 import faultkit
 import pytest
@@ -429,6 +430,37 @@ def test_dispatcher_stalled_inside_its_claim_transaction(env, tmp_path):
     assert env.db.q("SELECT max(attempts), sum(lost_attempts) FROM cron_at_scale_job")[0] == (1, 0)
     assert r.lost_attempts == 0 and r.reexecuted_jobs == 0
     assert locked > 0, "the stall held no rows: the scenario tested nothing"
+
+
+# ---------------------------------------------------------------------------
+# 11. A slow link between a worker and PostgreSQL (0.3 s per chunk, each way)
+# ---------------------------------------------------------------------------
+
+# A warm heartbeat is one round trip (0.6 s here), a cold one (connect, prepare) about five:
+# 1 s + 3 s, past this run lease; W003's minimum (RUN_LEASE > 2 x HEARTBEAT_INTERVAL) holds.
+SLOW = {**BASE, "RUN_LEASE": 3.0, "HEARTBEAT_INTERVAL": 1.0}
+
+
+def test_long_tasks_keep_their_lease_over_a_slow_worker_link(env):
+    """A worker whose every packet to and from PostgreSQL waits 0.3 s: its long tasks keep their
+    leases (the heartbeat is slow but within RUN_LEASE), run once, and are not fired again."""
+    host, port = urlsplit(env.db_url).hostname, urlsplit(env.db_url).port
+    link = faultkit.SlowLink(host, port, delay=0.3)
+    try:
+        s = env.system(SLOW)
+        s.worker("ws", concurrency=2, extra=["--prefetch-multiplier", "1"], DATABASE_URL=link.url(env.db_url))
+        s.dispatcher("d1")
+        s.wait_workers(["ws"])
+        t0 = time.monotonic()
+        jobs = schedule_once(env.db, [(0.5, "demo.tasks.sleep", {"seconds": 10})] * 2)
+        r = finish(env, s, "11 slow worker link (0.3 s a chunk), two 10 s tasks", t0, timeout=90,
+                   extra={"delay_s": link.delay, "chunks": link.chunks})
+        rows = env.db.q("SELECT attempts, lost_attempts, status FROM cron_at_scale_job WHERE id = ANY(%s::uuid[])",
+                        (jobs,))
+        assert rows == [(1, 0, "completed")] * 2, f"a long task lost its lease over the slow link: {rows}\n{s.logs()}"
+        assert r.lost_attempts == 0
+    finally:
+        link.close()
 
 
 LONG = {**BASE, "DISPATCH_LEASE": 2.0, "RUN_LEASE": 3.0, "HEARTBEAT_INTERVAL": 1.0, "REAPER_INTERVAL": 0.25}
