@@ -112,12 +112,14 @@ class PrivatePostgres:
         self.listen = "127.0.0.1"
         self.hba_extra: list[str] = []
         self.extra_opts = ""
+        self.server_env: dict[str, str] = {}  # more environment for the server (faketime_env)
         if self.user is not None:
             os.chown(self.dir, self.user.pw_uid, self.user.pw_gid)
         os.chmod(self.dir, 0o755)
 
     def _run(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-        res = subprocess.run([*self.runas, *args], capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run([*self.runas, *args], capture_output=True, text=True, timeout=timeout,
+                             env={**os.environ, **self.server_env} if self.server_env else None)
         if res.returncode != 0:
             raise Unavailable(f"{' '.join(args[:2])} failed ({res.returncode}): {res.stdout[-1000:]}{res.stderr[-1000:]}")
         return res
@@ -167,6 +169,28 @@ class PrivatePostgres:
 
     def url(self, db: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
+
+
+def faketime_env(control: Path) -> dict[str, str]:
+    """The environment that runs a server under libfaketime with its clock offset read from the
+    file ``control`` (written "+0" here; write "+40" or "-30" to step the clock, at once; every
+    reading rereads it). The monotonic clock stays real (PostgreSQL times its timeouts on it).
+    Raises Unavailable without libfaketime (Debian: apt-get install faketime libfaketime)."""
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1") + glob.glob("/usr/lib/faketime/libfaketime.so.1"))
+    if not found:
+        raise Unavailable("no libfaketime (apt-get install faketime libfaketime)")
+    control.write_text("+0\n")
+    control.chmod(0o644)
+    return {"LD_PRELOAD": found[0], "FAKETIME_TIMESTAMP_FILE": str(control), "FAKETIME_NO_CACHE": "1",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+def step_clock(control: Path, offset: float) -> None:
+    """Set the faked clock of :func:`faketime_env`'s server to ``offset`` seconds from the real one."""
+    tmp = control.with_suffix(".tmp")
+    tmp.write_text(f"{round(offset):+d}\n")  # whole seconds: the form every libfaketime reads
+    tmp.chmod(0o644)
+    tmp.replace(control)  # a reader sees the old offset or the new one, never half a line
 
 
 class SharedPostgres:

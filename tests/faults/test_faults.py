@@ -433,6 +433,101 @@ def test_dispatcher_stalled_inside_its_claim_transaction(env, tmp_path):
 
 
 # ---------------------------------------------------------------------------
+# 10. The database host's clock steps (libfaketime on a PostgreSQL of its own)
+# ---------------------------------------------------------------------------
+
+STEP = {**BASE, "RUN_LEASE": 4.0, "HEARTBEAT_INTERVAL": 1.0, "REAPER_INTERVAL": 0.5}
+
+
+@pytest.fixture
+def stepping_pg(tmp_path):
+    """A private cluster whose clock the test steps (faultkit.step_clock), migrated, one database."""
+    try:
+        pg = faultkit.PrivatePostgres()
+    except faultkit.Unavailable as e:
+        pytest.skip(f"no private PostgreSQL to step the clock of: {e}")
+    try:
+        control = pg.dir / "faketime.rc"
+        pg.server_env = faultkit.faketime_env(control)
+        pg.start()
+        faultkit.migrate_template(pg, "steps_template", tmp_path)
+        url = faultkit.create_database(pg, "steps_template", "steps")
+        db = faultkit.DB(url)
+        before = db.one("SELECT extract(epoch FROM statement_timestamp()) - extract(epoch FROM now())")
+        faultkit.step_clock(control, 30)
+        moved = db.one("SELECT extract(epoch FROM statement_timestamp())::float8") - time.time()
+        faultkit.step_clock(control, 0)
+        assert 28 < moved < 32, f"libfaketime does not move the server's clock: {moved:.1f}s (before: {before})"
+        yield pg, control, url, db
+    except faultkit.Unavailable as e:
+        pytest.skip(f"the clock-step scenario needs libfaketime on a private cluster: {e}")
+    finally:
+        pg.stop()
+
+
+def test_database_clock_steps_forward_and_back(stepping_pg, redis_server, tmp_path):
+    """A step forward (+40 s) reaps no healthy running attempt; after a step back (-40 s), a worker
+    killed just before it costs one run lease, not the step's length on top."""
+    pg, control, url, db = stepping_pg
+    redis_server.client().flushall()
+    s = faultkit.System(url, redis_server.url(), tmp_path / "logs", STEP)
+    try:
+        s.worker("wa", concurrency=2)
+        s.dispatcher("d1")
+        s.wait_workers(["wa"])
+        t0 = time.monotonic()
+        # Forward: two 10 s tasks keep heartbeating; the clock jumps 40 s, every lease looks 36 s old.
+        longs = schedule_once(db, [(0.5, "demo.tasks.sleep", {"seconds": 10})] * 2)
+        deadline = time.monotonic() + 30
+        while len(running_attempts(db)) < 2:
+            assert time.monotonic() < deadline, "the long tasks never started\n" + s.logs()
+            time.sleep(0.05)
+        time.sleep(1.5)
+        faultkit.step_clock(control, 40)
+        wait_settled(db, 40)
+        rows = db.q("SELECT attempts, lost_attempts, status FROM cron_at_scale_job WHERE id = ANY(%s::uuid[])",
+                    (longs,))
+        assert rows == [(1, 0, "completed")] * 2, f"a healthy running attempt was reaped by a forward step: {rows}"
+        # Back: a 20 s task; its worker killed -9, then the clock steps back 40 s. Due a minute ago, so
+        # its run after the step is not held for its fire_at (the database clock decides starts too).
+        s.worker("wb", concurrency=1)
+        s.wait_workers(["wb"])
+        wa_busy = db.q("SELECT count(*) FROM cron_at_scale_jobattempt WHERE outcome = 'running'")[0][0]
+        assert wa_busy == 0
+        s.kill9("wa")  # the run goes to wb
+        (victim,) = schedule_once(db, [(-60.0, "demo.tasks.sleep", {"seconds": 20})])
+        deadline = time.monotonic() + 30
+        while not (run := running_attempts(db)):
+            assert time.monotonic() < deadline, "the task never started\n" + s.logs()
+            time.sleep(0.05)
+        time.sleep(1.5)  # a heartbeat or two on the stepped clock
+        s.kill9("wb")
+        killed = time.monotonic()
+        faultkit.step_clock(control, 0)
+        s.worker("wc", concurrency=1)
+        deadline = time.monotonic() + 90
+        while not db.q("SELECT 1 FROM cron_at_scale_jobattempt WHERE job_id = %s AND attempt = 2 AND started_at "
+                       "IS NOT NULL", (victim,)):
+            assert time.monotonic() < deadline, "the killed run was never run again\n" + s.logs()
+            time.sleep(0.1)
+        refire = time.monotonic() - killed
+        wait_settled(db, 60)
+        time.sleep(1.0)
+        report = check(db, "10 database clock steps +40 s, then -40 s")
+        report.seconds = time.monotonic() - t0
+        report.extra = {"forward_reaped_healthy": 0, "back_refire_after_kill_s": round(refire, 1),
+                        "run_lease_s": STEP["RUN_LEASE"]}
+        record(report)
+        assert not report.problems, report.line() + "\n" + s.logs()
+        # the kill costs the run lease (and a start on a new worker), not 40 s more
+        assert refire <= STEP["RUN_LEASE"] + 6.0, f"re-run {refire:.1f}s after the kill\n" + s.logs()
+        assert db.q("SELECT outcome FROM cron_at_scale_jobattempt WHERE job_id = %s ORDER BY attempt",
+                    (victim,)) == [("lost",), ("succeeded",)]
+    finally:
+        s.stop_all()
+
+
+# ---------------------------------------------------------------------------
 # 11. A slow link between a worker and PostgreSQL (0.3 s per chunk, each way)
 # ---------------------------------------------------------------------------
 
