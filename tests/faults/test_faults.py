@@ -497,7 +497,7 @@ def test_database_clock_steps_forward_and_back(stepping_pg, redis_server, tmp_pa
         s.kill9("wa")  # the run goes to wb
         (victim,) = schedule_once(db, [(-60.0, "demo.tasks.sleep", {"seconds": 20})])
         deadline = time.monotonic() + 30
-        while not (run := running_attempts(db)):
+        while not running_attempts(db):
             assert time.monotonic() < deadline, "the task never started\n" + s.logs()
             time.sleep(0.05)
         time.sleep(1.5)  # a heartbeat or two on the stepped clock
