@@ -267,15 +267,15 @@ class DB:
 class SlowLink:
     """A TCP proxy on a free port of 127.0.0.1 to ``(host, port)`` that holds every chunk it reads,
     each way, ``delay`` seconds before passing it on (read, sleep, write: a chunk also waits for the
-    one before it, as on a congested link). ``delay`` may change while it runs (0: a plain proxy).
-    ``url(db_url)``: the same URL through the proxy."""
+    one before it, as on a congested link). ``delay`` may change while it runs (0: a plain proxy);
+    ``listen``: the address it listens on. ``url(db_url)``: the same URL through the proxy."""
 
-    def __init__(self, host: str, port: int, delay: float = 0.0):
+    def __init__(self, host: str, port: int, delay: float = 0.0, listen: str = "127.0.0.1"):
         self.target = (host, port)
         self.delay = delay
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.sock.bind(("127.0.0.1", 0))
+        self.sock.bind((listen, 0))
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
         self.chunks = 0

@@ -129,6 +129,12 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
     def add(rule, job, at, evidence):
         v.append(Violation(rule, job, at, evidence, blame(at)))
 
+    def db_ahead(t: float) -> float:
+        # how far a db_clock fault had set the database clock ahead of the real one at real time t:
+        # fire times are on the database clock, the ledger's starts on the real one
+        return max([f.get("offset", 0.0) for f in faults if f["kind"] == "db_clock"
+                    and f["start"] - 1.0 <= t <= (f.get("heal") or f["start"]) + 1.0] + [0.0])
+
     planned = {w["job"]: w for w in workload if w["ev"] == "job"}
     ambiguous = {j for w in workload if w["ev"] == "ambiguous" for j in w["jobs"]}
     cancels = {w["job"]: w for w in workload if w["ev"] == "cancel"}
@@ -156,7 +162,7 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
             due = _ts(line.get("occurrence")) or _ts(line["fire_at"])
             if w is not None and not w["kind"].startswith("cron") and line["attempt"] == 1:
                 due = max(due or 0.0, w["fire_at"])
-            if due is not None and line["wall"] < due - lim["skew"]:
+            if due is not None and line["wall"] + db_ahead(line["wall"]) < due - lim["skew"]:
                 add("early", job, line["wall"], f"attempt {line['attempt']} started {due - line['wall']:.3f}s before "
                     f"its fire time (pid {line['pid']}, clock offset {line.get('offset')})")
 

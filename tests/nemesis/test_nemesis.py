@@ -14,7 +14,7 @@ import pytest
 
 from . import checker
 from .run import run
-from .schedule import ALL_KINDS, make_schedule
+from .schedule import ALL_KINDS, BOUND_KINDS, make_schedule
 
 pytestmark = [pytest.mark.faults, pytest.mark.nemesis]
 
@@ -53,6 +53,16 @@ def test_schedule_is_a_function_of_the_seed():
     assert {f.kind for f in a} >= {"kill", "stop"} and len(a) >= 20
     for f in a:  # never two faults on one target at once
         assert not [g for g in a if g is not f and g.target == f.target and f.at <= g.at < f.at + f.duration]
+
+
+def test_the_bounded_faults_hit_their_own_nodes():
+    nodes = ["d1", "d2", "w1", "w2"]
+    b = make_schedule(5, 3, nodes, list(BOUND_KINDS))
+    assert {f.kind for f in b} == set(BOUND_KINDS)
+    for f in b:
+        want = {"claim_stall": ("d1", "d2"), "slow_link": ("w1", "w2"), "db_clock": ("pg",)}[f.kind]
+        assert f.target in want, f
+        assert f.kind != "db_clock" or 15 <= abs(f.offset) <= 45, f
 
 
 # -- the checker on synthetic histories ------------------------------------------------------------
