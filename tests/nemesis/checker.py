@@ -240,6 +240,25 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
     def add(rule, job, at, evidence):
         v.append(Violation(rule, job, at, evidence, blame(at)))
 
+    def db_ahead(t: float) -> float:
+        # how far a db_clock fault had set the database clock ahead of the real one at real time t:
+        # fire times are on the database clock, the ledger's starts on the real one
+        return max([f.get("offset", 0.0) for f in faults if f["kind"] == "db_clock"
+                    and f["start"] - 1.0 <= t <= (f.get("heal") or f["start"]) + 1.0] + [0.0])
+
+    steps = [f for f in faults if f["kind"] == "db_clock"]
+
+    def real(t: float | None) -> float | None:
+        # a database clock reading (fire times, attempt rows) as real time, through a db_clock step
+        for f in steps:
+            if t is not None and f["start"] - 1.0 <= t - f.get("offset", 0.0) <= (f.get("heal") or f["start"]) + 1.0:
+                return t - f.get("offset", 0.0)
+        return t
+
+    if steps:
+        attempts = {k: {**r, **{c: real(r.get(c)) for c in ("started_at", "finished_at", "dispatched_at")}}
+                    for k, r in attempts.items()}
+
     planned = {w["job"]: w for w in workload if w["ev"] == "job"}
     ambiguous = {j for w in workload if w["ev"] == "ambiguous" for j in w["jobs"]}
     cancels = {w["job"]: w for w in workload if w["ev"] == "cancel"}
@@ -276,7 +295,7 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
             due = _ts(line.get("occurrence")) or _ts(line["fire_at"])
             if w is not None and not w["kind"].startswith("cron") and line["attempt"] == 1:
                 due = max(due or 0.0, w["fire_at"])
-            if due is not None and line["wall"] < due - lim["skew"]:
+            if due is not None and line["wall"] + db_ahead(line["wall"]) < due - lim["skew"]:
                 add("early", job, line["wall"], f"attempt {line['attempt']} started {due - line['wall']:.3f}s before "
                     f"its fire time (pid {line['pid']}, clock offset {line.get('offset')})")
 
@@ -373,9 +392,10 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
             kind = planned.get(j, {}).get("kind", "")
             occ = round(r["scheduled_at"], 3) if kind.startswith("cron") and r.get("scheduled_at") else None
             unstarted[(j, occ)].append(a)
-    for due, start, job, first in lateness:
-        occ = round(due, 3) if planned[job]["kind"].startswith("cron") else None
+    for due_db, start, job, first in lateness:
+        occ = round(due_db, 3) if planned[job]["kind"].startswith("cron") else None
         lost = sum(1 for a in unstarted.get((job, occ), []) if a < first)
+        due = real(due_db) or due_db
         allowed, cov = allowed_start(due, start, lost, faults, sett, lim)
         # the bound is the dispatch's (claimed for the broker); the start may then wait for a free slot
         dispatched = (attempts.get((job, first)) or {}).get("dispatched_at")

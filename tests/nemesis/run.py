@@ -16,7 +16,17 @@ import faultkit
 
 from . import checker
 from .cluster import Cluster
-from .schedule import ALL_KINDS, REQUIRED, Fault, covers, make_schedule, scenario
+from .schedule import (
+    ALL_KINDS,
+    BOUND_KINDS,
+    EVERY_KIND,
+    REQUIRED,
+    SLOW_LINK_DELAY,
+    Fault,
+    covers,
+    make_schedule,
+    scenario,
+)
 from .workload import Workload
 
 
@@ -74,6 +84,12 @@ class Nemesis:
                 c.broker_kill()
             elif f.kind == "failover":
                 c.failover()
+            elif f.kind == "claim_stall":
+                c.stall_claim(f.target)
+            elif f.kind == "db_clock":
+                c.step_db_clock(f.offset)
+            elif f.kind == "slow_link":
+                c.slow_link(f.target, SLOW_LINK_DELAY)
             rec["start_done"] = time.time()
         except Exception as e:  # noqa: BLE001 (a fault that could not be applied is reported, not fatal)
             rec["error"] = f"apply: {e!r}"[:300]
@@ -97,6 +113,12 @@ class Nemesis:
                 c.broker_start()
             elif f.kind == "failover":
                 c.standby_ready.wait(120)
+            elif f.kind == "claim_stall":
+                rec["stalled"] = c.unstall_claim(f.target)
+            elif f.kind == "db_clock":
+                c.step_db_clock(0.0)
+            elif f.kind == "slow_link":
+                c.slow_link(f.target, 0.0)
         except Exception as e:  # noqa: BLE001
             rec["error"] = ((rec["error"] or "") + f" heal: {e!r}")[:400]
         rec["heal"] = time.time()
@@ -131,6 +153,8 @@ def available_kinds(cluster: Cluster, wanted: list[str]) -> tuple[list[str], dic
             skipped[k] = cluster.why_no_netns
         elif k == "failover" and not cluster.want_standby:
             skipped[k] = "no standby (--no-standby)"
+        elif k == "db_clock" and cluster.why_no_db_clock:
+            skipped[k] = cluster.why_no_db_clock
         else:
             kinds.append(k)
     return kinds, skipped
@@ -198,7 +222,8 @@ def run(seed: int, minutes: float, dispatchers: int = 2, workers: int = 2, kinds
         cover: tuple[str, ...] = (), fsync: bool = True) -> Outcome:
     """``cover``: scenarios scheduled first (:data:`schedule.REQUIRED`); ``fsync``: PostgreSQL's own."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"nemesis-{seed}-", dir="/tmp"))
-    cluster = Cluster(run_dir, dispatchers, workers, netns=netns, standby=standby, fsync=fsync)
+    cluster = Cluster(run_dir, dispatchers, workers, netns=netns, standby=standby, fsync=fsync,
+                      bound_kinds=tuple(k for k in BOUND_KINDS if k in (kinds or ALL_KINDS)))
     cluster.extra_env = dict(extra_env or {})
     stop = threading.Event()
     try:
@@ -268,24 +293,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--minutes", type=float, default=3.0)
     ap.add_argument("--dispatchers", type=int, default=2)
     ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--kinds", default=",".join(ALL_KINDS), help="comma-separated fault kinds")
+    ap.add_argument("--kinds", default=",".join(ALL_KINDS),
+                    help=f"comma-separated fault kinds, or all (adds {','.join(BOUND_KINDS)})")
     ap.add_argument("--rate", type=int, default=3, help="one-off jobs due now per second (besides the rest)")
     ap.add_argument("--no-netns", action="store_true", help="no namespaces: partition faults are skipped")
     ap.add_argument("--no-standby", action="store_true", help="no streaming standby: failover is skipped")
     ap.add_argument("--schedule-only", action="store_true", help="print the schedule for these nodes and exit")
     ap.add_argument("--cover", action="store_true",
-                    help="schedule every required scenario first (schedule.REQUIRED); exit 1 if one is missing")
+                    help="schedule every required scenario (schedule.REQUIRED, and the bounded kinds asked for) "
+                         "first; exit 1 if one is missing")
     ap.add_argument("--fsync-off", action="store_true", help="PostgreSQL with fsync=off (to measure what it costs)")
     ap.add_argument("--keep", action="store_true", help="keep the run directory also when the run passes")
     a = ap.parse_args(argv)
-    kinds = [k for k in a.kinds.split(",") if k]
+    kinds = list(EVERY_KIND) if a.kinds == "all" else [k for k in a.kinds.split(",") if k]
     if a.schedule_only:
         nodes = [f"d{i + 1}" for i in range(a.dispatchers)] + [f"w{i + 1}" for i in range(a.workers)]
-        for f in make_schedule(a.seed, a.minutes, nodes, kinds, cover=REQUIRED if a.cover else ()):
+        for f in make_schedule(a.seed, a.minutes, nodes, kinds, cover=REQUIRED + BOUND_KINDS if a.cover else ()):
             print(f.describe())
         return 0
     out = run(a.seed, a.minutes, a.dispatchers, a.workers, kinds, netns=not a.no_netns, standby=not a.no_standby,
-              per_tick=a.rate, cover=REQUIRED if a.cover else (), fsync=not a.fsync_off)
+              per_tick=a.rate, cover=REQUIRED + BOUND_KINDS if a.cover else (), fsync=not a.fsync_off)
     ok = out.ok and not out.missing
     print(f"\n=== nemesis seed {a.seed}, {a.minutes} min: {'OK' if ok else 'VIOLATIONS' if not out.ok else 'MISSING'} ===")
     print(out.result.table())

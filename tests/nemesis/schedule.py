@@ -12,6 +12,14 @@ ALL_KINDS = ("kill", "stop", "pg_restart", "broker_restart", "clock", "partition
 # promise's main scenario (docs/faults.md, "Nemesis"). A short run schedules these first.
 REQUIRED = ("stop:worker", "kill:worker", "partition_pg:worker", "pg_restart", "failover", "broker_restart",
             "kill:dispatcher", "stop:dispatcher", "partition_broker:dispatcher", "clock")
+# The faults with bounds of their own (docs/guarantees.md): a dispatcher stalled inside its claim
+# transaction, the database host's clock stepped, a worker's link to PostgreSQL slowed. Not in
+# ALL_KINDS (the seeds' schedules stay as they were): --kinds names them, "all" is every kind.
+BOUND_KINDS = ("claim_stall", "db_clock", "slow_link")
+EVERY_KIND = ALL_KINDS + BOUND_KINDS
+ONLY_ON = {"claim_stall": "d", "slow_link": "w"}  # node kinds for dispatchers or workers only
+SERVER_KINDS["db_clock"] = "pg"
+SLOW_LINK_DELAY = 0.3  # seconds a chunk waits, each way (the review's figure)
 
 
 @dataclass
@@ -23,7 +31,7 @@ class Fault:
     offset: float = 0.0  # clock faults: the fake clock's offset, seconds
 
     def describe(self) -> str:
-        extra = f" offset {self.offset:+.0f}s" if self.kind == "clock" else ""
+        extra = f" offset {self.offset:+.0f}s" if self.kind in ("clock", "db_clock") else ""
         return f"t={self.at:6.1f}s  {self.kind:<16} {self.target:<6} for {self.duration:4.1f}s{extra}"
 
     def as_dict(self) -> dict:
@@ -39,6 +47,10 @@ def _duration(rng: random.Random, kind: str, leases: float) -> float:
         return rng.uniform(10.0, 25.0)
     if kind.startswith("partition"):
         return rng.uniform(4.0, 12.0)
+    if kind == "claim_stall":
+        return rng.uniform(leases + 1.0, leases + 14.0)  # well past the shard lease
+    if kind in ("db_clock", "slow_link"):
+        return rng.uniform(10.0, 25.0)
     if kind == "pg_restart":
         return rng.uniform(1.0, 6.0)
     if kind == "broker_restart":
@@ -84,12 +96,15 @@ def make_schedule(seed: int, minutes: float, nodes: list[str], kinds: list[str],
         if kind in SERVER_KINDS:
             candidates = [SERVER_KINDS[kind]]
         else:
-            candidates = [n for n in nodes if not want or ":" not in want or role(n) == want.split(":")[1]]
+            candidates = [n for n in nodes if n.startswith(ONLY_ON.get(kind, ""))
+                          and (not want or ":" not in want or role(n) == want.split(":")[1])]
         candidates = [c for c in candidates if free_at.get(c, 0.0) <= t]
         if want and candidates:
             todo.remove(want)
         target = rng.choice(candidates) if candidates else None
         offset = rng.choice((-3600.0, 3600.0)) if kind == "clock" else 0.0
+        if kind == "db_clock":  # a step of the database host's clock, either way
+            offset = round(rng.choice((-1.0, 1.0)) * rng.uniform(15.0, 45.0))
         if target is not None:
             busy = 30.0 if kind == "failover" else duration + 1.0
             free_at[target] = t + busy

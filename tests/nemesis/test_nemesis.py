@@ -14,7 +14,7 @@ import pytest
 
 from . import checker
 from .run import run
-from .schedule import ALL_KINDS, REQUIRED, covers, make_schedule
+from .schedule import ALL_KINDS, BOUND_KINDS, REQUIRED, covers, make_schedule
 
 pytestmark = [pytest.mark.faults, pytest.mark.nemesis]
 
@@ -69,6 +69,16 @@ def test_schedule_covers_every_required_scenario_in_the_ci_minutes(seed):
         assert not [g for g in a if g is not f and g.target == f.target and f.at <= g.at < f.at + f.duration]
     if seed == 11:
         assert "stop:worker" in covers(make_schedule(seed, MINUTES, nodes, list(ALL_KINDS)), REQUIRED)
+
+
+def test_the_bounded_faults_hit_their_own_nodes():
+    nodes = ["d1", "d2", "w1", "w2"]
+    b = make_schedule(5, 3, nodes, list(BOUND_KINDS))
+    assert {f.kind for f in b} == set(BOUND_KINDS)
+    for f in b:
+        want = {"claim_stall": ("d1", "d2"), "slow_link": ("w1", "w2"), "db_clock": ("pg",)}[f.kind]
+        assert f.target in want, f
+        assert f.kind != "db_clock" or 15 <= abs(f.offset) <= 45, f
 
 
 # -- the checker on synthetic histories ------------------------------------------------------------
