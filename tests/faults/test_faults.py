@@ -407,7 +407,7 @@ def test_dispatcher_stalled_inside_its_claim_transaction(env, tmp_path):
         time.sleep(0.2)
     t0 = time.monotonic()
     trigger.touch()  # d1 stops itself at its next claim that locked rows
-    schedule_once(env.db, burst(400, 0.5, start=1.5))
+    schedule_once(env.db, burst(400, 0.05, start=1.5))  # due together: the stalled claim takes a full batch
     while process_state(d1.pid) != "T":
         assert time.monotonic() < t0 + 20, f"d1 never stalled in its claim:\n{s.log('d1')}"
         time.sleep(0.02)
