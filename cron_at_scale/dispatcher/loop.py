@@ -99,6 +99,9 @@ class Dispatcher:
         self.shards = (AllShards(self.batch_size) if shards == "all"
                        else ShardLeases(self.name, ttl, self.batch_size))
         self.shard_refresh = ttl / 4
+        # a claim transaction left idle this long (a stalled dispatcher) is ended by the server,
+        # its row locks with it: its jobs are free again by the time its shards move
+        self.claim_idle_ms = max(1, int(ttl * 1000))
         # in run(): finds rows below the claim's floors from a thread of its own (cron_at_scale.dispatcher.floors)
         self.floor_probe = FloorProbe(self.shards.floors, self.queues.claim_params)
         self.wakeup = Wakeup()
@@ -133,10 +136,12 @@ class Dispatcher:
             shards = self.shards.claim_params()
             lookahead = self.preload.lookahead(held=len(self.held))
             with transaction.atomic():
-                db.run("claim_settings", fetch="count", retries=0)
+                db.run("claim_settings", {"idle_ms": self.claim_idle_ms}, fetch="count", retries=0)
                 t1 = time.monotonic()
                 rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease,
                                         "lookahead": lookahead, **shards, **held_queues}, retries=0)
+                if rows:  # the rows locked, nothing committed (the fault suite stalls a dispatcher here)
+                    failpoints.hit("dispatcher.in_claim")
                 if self.queues.learn(rows):  # a queue first seen in this batch is held: claim again without it
                     transaction.set_rollback(True)
                     continue

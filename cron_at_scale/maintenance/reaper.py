@@ -16,12 +16,25 @@ loop calls (a :class:`~cron_at_scale.maintenance.loop.Loop`: ``maybe_run``, or `
 as River's job rescuer is beside its client.
 Every dispatcher reaps; two reaping at once never take the same attempt (the
 ``reap`` statement locks rows with ``SKIP LOCKED``).
+
+Leases are on the database's clock, and that clock can step (NTP, a VM restored,
+a failover to a host whose clock differs). Each pass reads it and compares it with
+the last reading carried forward on this process's monotonic clock. A step forward
+would expire every running lease at once, heartbeats current or not: running
+attempts are then not reaped for ``RUN_LEASE`` (every live heartbeat renews its
+lease on the new clock within that), and the ``reap`` statement itself refuses to
+reap a running attempt when the clock it runs on is past this reading (a step
+between the two). A step back would keep a dead worker's lease that much longer:
+the running leases written before it are counted on the monotonic clock instead,
+and reaped (``reap_stale``) when they run out there with no heartbeat since.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 
 from django.db import transaction
 
@@ -33,6 +46,11 @@ from cron_at_scale.maintenance.loop import Loop
 from cron_at_scale.ops import metrics
 
 log = logging.getLogger(__name__)
+
+# Seconds the database clock may differ from the last reading carried forward (plus that
+# reading's own round trip) before it counts as a step: a loaded box's jitter stays under it, and
+# a step this small only eats into the lease's margin (RUN_LEASE - HEARTBEAT_INTERVAL).
+STEP_TOLERANCE = 1.0
 
 
 class Reaper(Loop):
@@ -61,6 +79,13 @@ class Reaper(Loop):
         self.batch_size = batch_size
         self.max_lost = int(conf.get("MAX_LOST_ATTEMPTS") if max_lost is None else max_lost)
         self.on_reaped = on_reaped
+        self.run_lease = float(conf.get("RUN_LEASE"))
+        self.heartbeat_interval = float(conf.get("HEARTBEAT_INTERVAL"))
+        self._reading: tuple[float, float] | None = None  # (database time, monotonic) at the last pass
+        self._hold_running_until = 0.0  # monotonic: after a step forward, running attempts wait
+        # after a step back: running attempt id -> (its lease as seen, when it ends on the monotonic clock)
+        self._stale: dict[int, tuple[datetime, float]] = {}
+        self.steps: list[float] = []  # the steps seen (seconds, + forward), for logs and tests
 
     def maybe_reap(self, now: float | None = None) -> int:
         """Reap if ``interval`` seconds have passed since the last pass (``now``: monotonic time);
@@ -87,8 +112,13 @@ class Reaper(Loop):
         Raises Django's database errors (the dispatcher's loop retries after a pause).
         """
         refire: list[Claimed] = []
+        running_until = self.watch_clock()
         with transaction.atomic():
-            lost = db.run("reap", {"limit": self.batch_size}, retries=0)
+            lost = db.run("reap", {"limit": self.batch_size, "running_until": running_until}, retries=0)
+            stale = self._stale_due(time.monotonic())
+            if stale:
+                lost += db.run("reap_stale", {"ids": [i for i, _ in stale], "until": [u for _, u in stale]},
+                               retries=0)
             if not lost:
                 return 0
             metrics.observe_reaped(len(lost))
@@ -116,3 +146,43 @@ class Reaper(Loop):
                 dlq.announce(self.app, job_id, attempt, task, f"lost {self.max_lost} attempts (lease expired each time)")
                 metrics.observe_dead_lettered()
         return len(lost)
+
+    # -- the database clock's steps --------------------------------------------------------
+
+    def watch_clock(self) -> datetime | None:
+        """Read the database clock and compare it with the last reading carried forward on the
+        monotonic clock; return the latest database time at which the ``reap`` statement may
+        reap a running attempt (None: none now, a step forward is being waited out)."""
+        t0 = time.monotonic()
+        now = db.db_now()
+        t1 = time.monotonic()
+        mono, tolerance = (t0 + t1) / 2, STEP_TOLERANCE + (t1 - t0)
+        last, self._reading = self._reading, (now.timestamp(), mono)
+        if last is not None:
+            step = now.timestamp() - (last[0] + (mono - last[1]))
+            if step > tolerance:
+                self.steps.append(step)
+                self._hold_running_until = mono + self.run_lease
+                log.warning("the database clock stepped %.1fs forward: no running attempt is reaped for %.0fs "
+                            "(RUN_LEASE), while their heartbeats renew them on the new clock", step, self.run_lease)
+            elif step < -tolerance:
+                self.steps.append(step)
+                self._count_on_monotonic(-step, mono)
+        if mono < self._hold_running_until:
+            return None
+        return now + timedelta(seconds=tolerance)
+
+    def _count_on_monotonic(self, back: float, mono: float) -> None:
+        rows = db.run("running_leases", {"beyond": self.run_lease + STEP_TOLERANCE, "limit": 10 * self.batch_size})
+        for r in rows:
+            left = (r.locked_until - r.db_now).total_seconds() - back  # its time left before the step
+            # never sooner than a heartbeat would have changed it (a lease written by a longer RUN_LEASE)
+            self._stale[r.id] = (r.locked_until, mono + max(left, self.heartbeat_interval + STEP_TOLERANCE))
+        log.warning("the database clock stepped %.1fs back: %d running leases written before it are counted on "
+                    "this process's clock", back, len(rows))
+
+    def _stale_due(self, mono: float) -> list[tuple[int, datetime]]:
+        due = [(i, until) for i, (until, at) in self._stale.items() if at <= mono][:self.batch_size]
+        for i, _ in due:
+            del self._stale[i]
+        return due

@@ -22,7 +22,13 @@
 -- of the shard, sort, keep a few", at every batch of the burst.
 -- jit off: the one sort left (of the shards' heads, at most a batch and a few rows)
 -- costs the disabled-sort penalty, which would otherwise buy a JIT compile (~300 ms).
+-- idle_in_transaction_session_timeout %(idle_ms)s (the shard lease): a dispatcher stalled
+-- inside this transaction (SIGSTOP, a VM pause) would hold the claimed rows' locks for the
+-- whole stall, and the peer that takes its shards would skip them. The server ends the
+-- session instead; the claim rolls back (its jobs stay pending, nothing was published:
+-- publishing starts after the commit) and the rows are free by the time the shards move.
 SET LOCAL synchronous_commit = off; SET LOCAL enable_sort = off; SET LOCAL jit = off;
+SET LOCAL idle_in_transaction_session_timeout = %(idle_ms)s;
 
 -- name: claim  -- run by: cron_at_scale.dispatcher.loop
 -- Claim up to %(limit)s jobs due within %(lookahead)s seconds, of the shards

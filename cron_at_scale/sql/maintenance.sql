@@ -13,9 +13,14 @@
 -- Attempts whose lease expired with nobody finishing them (a dead worker, a
 -- lost broker message, a dispatcher killed before publishing) are marked
 -- lost. Safe with many dispatchers reaping at once (SKIP LOCKED).
+-- A running attempt only while the database clock is no later than %(running_until)s (the
+-- reaper's own reading of it, on its monotonic clock, plus a tolerance; NULL: none now): a
+-- clock stepped forward would expire every running lease at once, heartbeats current or not
+-- (cron_at_scale.maintenance.reaper holds them until the heartbeats renewed them on the new clock).
 WITH expired AS (
     SELECT id FROM cron_at_scale_jobattempt
     WHERE finished_at IS NULL AND locked_until < statement_timestamp()
+      AND (started_at IS NULL OR statement_timestamp() <= %(running_until)s::timestamptz)
     ORDER BY locked_until
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
@@ -28,6 +33,35 @@ FROM expired
 WHERE a.id = expired.id
 RETURNING a.job_id, a.attempt, a.scheduled_at, a.started_at IS NOT NULL AS started, a.occurrence_losses,
           a.dispatch_losses;
+
+-- name: reap_stale  -- run by: cron_at_scale.maintenance.reaper
+-- After the database clock stepped back: running attempts whose lease, written before the
+-- step, ran out by the reaper's monotonic clock with no heartbeat since (their locked_until
+-- still the value seen, %(ids)s / %(until)s), marked lost as reap does; the clock alone would
+-- keep them the step's length longer.
+WITH expired AS (
+    SELECT a.id FROM unnest(%(ids)s::bigint[], %(until)s::timestamptz[]) AS s(id, locked_until)
+    JOIN cron_at_scale_jobattempt AS a ON a.id = s.id AND a.locked_until = s.locked_until
+    WHERE a.finished_at IS NULL
+    FOR UPDATE OF a SKIP LOCKED
+)
+UPDATE cron_at_scale_jobattempt AS a
+SET outcome = 'lost', finished_at = statement_timestamp(),
+    error = 'lease expired while running: the worker died (its lease counted past a step back of the database clock)'
+FROM expired
+WHERE a.id = expired.id
+RETURNING a.job_id, a.attempt, a.scheduled_at, a.started_at IS NOT NULL AS started, a.occurrence_losses,
+          a.dispatch_losses;
+
+-- name: running_leases  -- run by: cron_at_scale.maintenance.reaper
+-- Running attempts whose lease ends more than %(beyond)s seconds from now (the run lease and a
+-- tolerance): no heartbeat on this clock wrote it, so it was written before a step back of the
+-- database clock. Their ids, leases and the clock, for the reaper to count them on its own clock.
+SELECT id, locked_until, statement_timestamp() AS db_now FROM cron_at_scale_jobattempt
+WHERE finished_at IS NULL AND started_at IS NOT NULL
+  AND locked_until > statement_timestamp() + make_interval(secs => %(beyond)s)
+ORDER BY locked_until
+LIMIT %(limit)s;
 
 -- name: reap_once  -- run by: cron_at_scale.maintenance.reaper
 -- One-off jobs of lost attempts go back to pending, to fire again at once with

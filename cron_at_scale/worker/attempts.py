@@ -95,14 +95,24 @@ class BatchCompleter:
         self.stopping = threading.Event()
         # (seconds, or a function returning them when the thread starts; fn) run on the thread
         self._periodic: list[tuple[float | Callable[[], float], Callable[[], None]]] = []
+        self._warm: list[Callable[[], None]] = []
+        self.warm = False  # run the warm-ups (a pool process's thread, ensure_thread(warm=True))
 
-    def every(self, interval: float | Callable[[], float], fn: Callable[[], None]) -> None:
-        """Run ``fn`` every ``interval`` seconds on this completer's thread (its own connection)."""
+    def every(self, interval: float | Callable[[], float], fn: Callable[[], None],
+              warm: Callable[[], None] | None = None) -> None:
+        """Run ``fn`` every ``interval`` seconds on this completer's thread (its own connection).
+        ``warm``, if given, runs as a thread started with ``ensure_thread(warm=True)`` starts, and
+        after a failed run: it connects and prepares what ``fn`` needs, so that ``fn`` costs one
+        round trip when it is due."""
         self._periodic.append((interval, fn))
+        if warm is not None:
+            self._warm.append(warm)
 
-    def ensure_thread(self) -> None:
-        """Start the thread in this process (a forked child starts its own)."""
+    def ensure_thread(self, warm: bool = False) -> None:
+        """Start the thread in this process (a forked child starts its own); ``warm``: it runs the
+        warm-ups of :meth:`every` (a connection of its own, at once)."""
         with self.cond:
+            self.warm = self.warm or warm
             if self.thread is None or self.pid != os.getpid() or not self.thread.is_alive():
                 if self.pid is not None and self.pid != os.getpid():
                     self.done = []  # a forked child's copy of its parent's queue: the parent's to write
@@ -168,8 +178,18 @@ class BatchCompleter:
                 self.done[:0] = batch
             raise
 
+    def _warm_up(self) -> None:
+        for warm in self._warm if self.warm else ():
+            try:
+                warm()
+            except Exception:  # the database away: the periodic run connects when it is due
+                log.warning("%s failed", getattr(warm, "__qualname__", warm), exc_info=True)
+                db.reset_connection()
+                return
+
     def _loop(self) -> None:
         periodic = [(float(i() if callable(i) else i), fn) for i, fn in self._periodic]
+        self._warm_up()
         due = [time.monotonic() + interval for interval, _ in periodic]
         while not self.stopping.is_set():
             with self.cond:
@@ -191,6 +211,7 @@ class BatchCompleter:
                     except Exception:
                         log.exception("%s failed", getattr(fn, "__qualname__", fn))
                         db.reset_connection()
+                        self._warm_up()  # connected again now, not in the lease of the next run
         connections.close_all()  # this thread's own
 
     def stop(self, timeout: float = 5.0) -> None:

@@ -8,7 +8,8 @@ with ``O_APPEND`` and fsync'd before the task goes on. Each line:
 "occurrence": ISO UTC or null, "wall": real UNIX seconds, "pid": int,
 "offset": seconds the process clock is faked by}``. ``wall`` comes from
 ``CLOCK_REALTIME`` directly, which the fault suite's fake clock does not
-shift; ``offset`` is what ``time.time()`` adds to it here.
+shift; ``offset`` is what ``time.time()`` adds to it here; ``node``: the
+nemesis node that ran it (``$NEMESIS_NODE``, null outside a nemesis run).
 
 Without ``NEMESIS_LEDGER_DIR`` the tasks write nothing (they stay importable
 by every worker of the example project).
@@ -50,7 +51,7 @@ def append(ev: str) -> None:
     line = json.dumps({
         "ev": ev, "job": str(job.job_id), "attempt": job.attempt, "fire_at": job.fire_at.isoformat(),
         "occurrence": job.occurrence.isoformat() if job.occurrence else None, "wall": real,
-        "pid": os.getpid(), "offset": round(time.time() - real, 3),
+        "pid": os.getpid(), "offset": round(time.time() - real, 3), "node": os.environ.get("NEMESIS_NODE"),
     }) + "\n"
     copies = 2 if os.environ.get("NEMESIS_SELFTEST_DOUBLE") == ev else 1  # a broken build for the self-test
     for _ in range(copies):

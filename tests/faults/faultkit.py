@@ -25,6 +25,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -111,12 +112,14 @@ class PrivatePostgres:
         self.listen = "127.0.0.1"
         self.hba_extra: list[str] = []
         self.extra_opts = ""
+        self.server_env: dict[str, str] = {}  # more environment for the server (faketime_env)
         if self.user is not None:
             os.chown(self.dir, self.user.pw_uid, self.user.pw_gid)
         os.chmod(self.dir, 0o755)
 
     def _run(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
-        res = subprocess.run([*self.runas, *args], capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run([*self.runas, *args], capture_output=True, text=True, timeout=timeout,
+                             env={**os.environ, **self.server_env} if self.server_env else None)
         if res.returncode != 0:
             raise Unavailable(f"{' '.join(args[:2])} failed ({res.returncode}): {res.stdout[-1000:]}{res.stderr[-1000:]}")
         return res
@@ -166,6 +169,28 @@ class PrivatePostgres:
 
     def url(self, db: str) -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
+
+
+def faketime_env(control: Path) -> dict[str, str]:
+    """The environment that runs a server under libfaketime with its clock offset read from the
+    file ``control`` (written "+0" here; write "+40" or "-30" to step the clock, at once; every
+    reading rereads it). The monotonic clock stays real (PostgreSQL times its timeouts on it).
+    Raises Unavailable without libfaketime (Debian: apt-get install faketime libfaketime)."""
+    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1") + glob.glob("/usr/lib/faketime/libfaketime.so.1"))
+    if not found:
+        raise Unavailable("no libfaketime (apt-get install faketime libfaketime)")
+    control.write_text("+0\n")
+    control.chmod(0o644)
+    return {"LD_PRELOAD": found[0], "FAKETIME_TIMESTAMP_FILE": str(control), "FAKETIME_NO_CACHE": "1",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1"}
+
+
+def step_clock(control: Path, offset: float) -> None:
+    """Set the faked clock of :func:`faketime_env`'s server to ``offset`` seconds from the real one."""
+    tmp = control.with_suffix(".tmp")
+    tmp.write_text(f"{round(offset):+d}\n")  # whole seconds: the form every libfaketime reads
+    tmp.chmod(0o644)
+    tmp.replace(control)  # a reader sees the old offset or the new one, never half a line
 
 
 class SharedPostgres:
@@ -232,6 +257,73 @@ class DB:
     def close(self):
         with contextlib.suppress(Exception):
             self.conn.close()
+
+
+# ---------------------------------------------------------------------------
+# A slow link (this kernel has no netem: a userspace TCP proxy)
+# ---------------------------------------------------------------------------
+
+
+class SlowLink:
+    """A TCP proxy on a free port of 127.0.0.1 to ``(host, port)`` that holds every chunk it reads,
+    each way, ``delay`` seconds before passing it on (read, sleep, write: a chunk also waits for the
+    one before it, as on a congested link). ``delay`` may change while it runs (0: a plain proxy);
+    ``listen``: the address it listens on. ``url(db_url)``: the same URL through the proxy."""
+
+    def __init__(self, host: str, port: int, delay: float = 0.0, listen: str = "127.0.0.1"):
+        self.target = (host, port)
+        self.delay = delay
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((listen, 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.chunks = 0
+        self._open: list[socket.socket] = []
+        self._closed = False
+        threading.Thread(target=self._accept, daemon=True, name="slowlink-accept").start()
+
+    def url(self, db_url: str) -> str:
+        u = urlsplit(db_url)
+        return u._replace(netloc=f"{u.username or 'postgres'}@127.0.0.1:{self.port}").geturl()
+
+    def _accept(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.target, timeout=10)
+                upstream.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            self._open += [client, upstream]
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True, name="slowlink").start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                self.chunks += 1
+                if self.delay:
+                    time.sleep(self.delay)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._closed = True
+        with contextlib.suppress(OSError):
+            self.sock.close()
+        for s in self._open:
+            with contextlib.suppress(OSError):
+                s.close()
 
 
 # ---------------------------------------------------------------------------

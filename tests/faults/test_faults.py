@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import time
+from urllib.parse import urlsplit
 
 import faultkit
 import pytest
@@ -410,6 +411,190 @@ def test_clock_skew_of_one_hour(env):
 # ---------------------------------------------------------------------------
 # 7. A task longer than the dispatch lease: kept by its heartbeat, re-run after its worker dies
 # ---------------------------------------------------------------------------
+
+# ---------------------------------------------------------------------------
+# 9. A dispatcher stalled inside its claim transaction (SIGSTOP with its rows locked)
+# ---------------------------------------------------------------------------
+
+STALL = {**BASE, "SHARD_LEASE": 3.0, "DISPATCH_LEASE": 6.0}
+
+
+def process_state(pid: int) -> str:
+    """The kernel's one-letter state of ``pid`` ("T": stopped), "" once gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return ""
+
+
+def test_dispatcher_stalled_inside_its_claim_transaction(env, tmp_path):
+    """A dispatcher SIGSTOPped with a claim's rows locked and not committed: the server ends its
+    transaction after the shard lease, the rows go back to pending, the peer that takes its shards
+    fires them; on SIGCONT the stalled one finds its claim gone and publishes none of it."""
+    trigger = tmp_path / "stall-d1"
+    s = env.system(STALL)
+    s.worker("wa")
+    s.worker("wb")
+    d1 = s.dispatcher("d1", failpoints=f"dispatcher.in_claim=stop:{trigger}")
+    s.dispatcher("d2")
+    s.wait_workers(["wa", "wb"])
+    deadline = time.monotonic() + 30
+    while env.db.one("SELECT count(DISTINCT owner) FROM cron_at_scale_shardlease WHERE expires_at > now()") < 2:
+        assert time.monotonic() < deadline, "the two dispatchers never shared the shards"
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    trigger.touch()  # d1 stops itself at its next claim that locked rows
+    schedule_once(env.db, burst(400, 0.05, start=1.5))  # due together: the stalled claim takes a full batch
+    while process_state(d1.pid) != "T":
+        assert time.monotonic() < t0 + 20, f"d1 never stalled in its claim:\n{s.log('d1')}"
+        time.sleep(0.02)
+    stalled_at = time.monotonic()
+    # the rows d1 holds: pending for everyone else, yet not lockable
+    locked = env.db.one("""SELECT (SELECT count(*) FROM cron_at_scale_job WHERE status = 'pending')
+                                - (SELECT count(*) FROM (SELECT 1 FROM cron_at_scale_job WHERE status = 'pending'
+                                                         FOR UPDATE SKIP LOCKED) l)""")
+    sleep_until(stalled_at, 20.0)  # the review's stall; before the bound, its rows started 16-17 s late
+    os.kill(d1.pid, signal.SIGCONT)
+    r = finish(env, s, "9 dispatcher stalled in its claim (SIGSTOP 20 s)", t0, timeout=60,
+               extra={"stall_s": 20.0, "shard_lease_s": STALL["SHARD_LEASE"], "rows_held_by_the_stalled": locked},
+               max_lateness=STALL["SHARD_LEASE"] * 1.25 + 4.0)  # + a loaded box's queue and poll
+    time.sleep(1.0)
+    assert s.alive("d1"), f"the stalled dispatcher did not survive its killed claim:\n{s.log('d1')}"
+    server_log = env.pg.log_tail(10**6) if hasattr(env.pg, "log_tail") else "idle-in-transaction timeout"
+    assert "idle-in-transaction timeout" in server_log, "the server did not end the stalled claim"
+    assert "database unavailable" in s.log("d1", 100000), "d1 did not notice its claim was gone\n" + s.log("d1")
+    # The claim rolled back: each job fired once, under attempt 1, by the peer; none was lost or re-fired.
+    assert env.db.q("SELECT max(attempts), sum(lost_attempts) FROM cron_at_scale_job")[0] == (1, 0)
+    assert r.lost_attempts == 0 and r.reexecuted_jobs == 0
+    assert locked > 0, "the stall held no rows: the scenario tested nothing"
+
+
+# ---------------------------------------------------------------------------
+# 10. The database host's clock steps (libfaketime on a PostgreSQL of its own)
+# ---------------------------------------------------------------------------
+
+STEP = {**BASE, "RUN_LEASE": 4.0, "HEARTBEAT_INTERVAL": 1.0, "REAPER_INTERVAL": 0.5}
+
+
+@pytest.fixture
+def stepping_pg(tmp_path):
+    """A private cluster whose clock the test steps (faultkit.step_clock), migrated, one database."""
+    try:
+        pg = faultkit.PrivatePostgres()
+    except faultkit.Unavailable as e:
+        pytest.skip(f"no private PostgreSQL to step the clock of: {e}")
+    try:
+        control = pg.dir / "faketime.rc"
+        pg.server_env = faultkit.faketime_env(control)
+        pg.start()
+        faultkit.migrate_template(pg, "steps_template", tmp_path)
+        url = faultkit.create_database(pg, "steps_template", "steps")
+        db = faultkit.DB(url)
+        before = db.one("SELECT extract(epoch FROM statement_timestamp()) - extract(epoch FROM now())")
+        faultkit.step_clock(control, 30)
+        moved = db.one("SELECT extract(epoch FROM statement_timestamp())::float8") - time.time()
+        faultkit.step_clock(control, 0)
+        assert 28 < moved < 32, f"libfaketime does not move the server's clock: {moved:.1f}s (before: {before})"
+        yield pg, control, url, db
+    except faultkit.Unavailable as e:
+        pytest.skip(f"the clock-step scenario needs libfaketime on a private cluster: {e}")
+    finally:
+        pg.stop()
+
+
+def test_database_clock_steps_forward_and_back(stepping_pg, redis_server, tmp_path):
+    """A step forward (+40 s) reaps no healthy running attempt; after a step back (-40 s), a worker
+    killed just before it costs one run lease, not the step's length on top."""
+    pg, control, url, db = stepping_pg
+    redis_server.client().flushall()
+    s = faultkit.System(url, redis_server.url(), tmp_path / "logs", STEP)
+    try:
+        s.worker("wa", concurrency=2)
+        s.dispatcher("d1")
+        s.wait_workers(["wa"])
+        t0 = time.monotonic()
+        # Forward: two 10 s tasks keep heartbeating; the clock jumps 40 s, every lease looks 36 s old.
+        longs = schedule_once(db, [(0.5, "demo.tasks.sleep", {"seconds": 10})] * 2)
+        deadline = time.monotonic() + 30
+        while len(running_attempts(db)) < 2:
+            assert time.monotonic() < deadline, "the long tasks never started\n" + s.logs()
+            time.sleep(0.05)
+        time.sleep(1.5)
+        faultkit.step_clock(control, 40)
+        wait_settled(db, 40)
+        rows = db.q("SELECT attempts, lost_attempts, status FROM cron_at_scale_job WHERE id = ANY(%s::uuid[])",
+                    (longs,))
+        assert rows == [(1, 0, "completed")] * 2, f"a healthy running attempt was reaped by a forward step: {rows}"
+        # Back: a 20 s task; its worker killed -9, then the clock steps back 40 s. Due a minute ago, so
+        # its run after the step is not held for its fire_at (the database clock decides starts too).
+        s.worker("wb", concurrency=1)
+        s.wait_workers(["wb"])
+        wa_busy = db.q("SELECT count(*) FROM cron_at_scale_jobattempt WHERE outcome = 'running'")[0][0]
+        assert wa_busy == 0
+        s.kill9("wa")  # the run goes to wb
+        (victim,) = schedule_once(db, [(-60.0, "demo.tasks.sleep", {"seconds": 20})])
+        deadline = time.monotonic() + 30
+        while not running_attempts(db):
+            assert time.monotonic() < deadline, "the task never started\n" + s.logs()
+            time.sleep(0.05)
+        time.sleep(1.5)  # a heartbeat or two on the stepped clock
+        s.kill9("wb")
+        killed = time.monotonic()
+        faultkit.step_clock(control, 0)
+        s.worker("wc", concurrency=1)
+        deadline = time.monotonic() + 90
+        while not db.q("SELECT 1 FROM cron_at_scale_jobattempt WHERE job_id = %s AND attempt = 2 AND started_at "
+                       "IS NOT NULL", (victim,)):
+            assert time.monotonic() < deadline, "the killed run was never run again\n" + s.logs()
+            time.sleep(0.1)
+        refire = time.monotonic() - killed
+        wait_settled(db, 60)
+        time.sleep(1.0)
+        report = check(db, "10 database clock steps +40 s, then -40 s")
+        report.seconds = time.monotonic() - t0
+        report.extra = {"forward_reaped_healthy": 0, "back_refire_after_kill_s": round(refire, 1),
+                        "run_lease_s": STEP["RUN_LEASE"]}
+        record(report)
+        assert not report.problems, report.line() + "\n" + s.logs()
+        # the kill costs the run lease (and a start on a new worker), not 40 s more
+        assert refire <= STEP["RUN_LEASE"] + 6.0, f"re-run {refire:.1f}s after the kill\n" + s.logs()
+        assert db.q("SELECT outcome FROM cron_at_scale_jobattempt WHERE job_id = %s ORDER BY attempt",
+                    (victim,)) == [("lost",), ("succeeded",)]
+    finally:
+        s.stop_all()
+
+
+# ---------------------------------------------------------------------------
+# 11. A slow link between a worker and PostgreSQL (0.3 s per chunk, each way)
+# ---------------------------------------------------------------------------
+
+# A warm heartbeat is one round trip (0.6 s here), a cold one (connect, prepare) about five:
+# 1 s + 3 s, past this run lease; W003's minimum (RUN_LEASE > 2 x HEARTBEAT_INTERVAL) holds.
+SLOW = {**BASE, "RUN_LEASE": 3.0, "HEARTBEAT_INTERVAL": 1.0}
+
+
+def test_long_tasks_keep_their_lease_over_a_slow_worker_link(env):
+    """A worker whose every packet to and from PostgreSQL waits 0.3 s: its long tasks keep their
+    leases (the heartbeat is slow but within RUN_LEASE), run once, and are not fired again."""
+    host, port = urlsplit(env.db_url).hostname, urlsplit(env.db_url).port
+    link = faultkit.SlowLink(host, port, delay=0.3)
+    try:
+        s = env.system(SLOW)
+        s.worker("ws", concurrency=2, extra=["--prefetch-multiplier", "1"], DATABASE_URL=link.url(env.db_url))
+        s.dispatcher("d1")
+        s.wait_workers(["ws"])
+        t0 = time.monotonic()
+        jobs = schedule_once(env.db, [(0.5, "demo.tasks.sleep", {"seconds": 10})] * 2)
+        r = finish(env, s, "11 slow worker link (0.3 s a chunk), two 10 s tasks", t0, timeout=90,
+                   extra={"delay_s": link.delay, "chunks": link.chunks})
+        rows = env.db.q("SELECT attempts, lost_attempts, status FROM cron_at_scale_job WHERE id = ANY(%s::uuid[])",
+                        (jobs,))
+        assert rows == [(1, 0, "completed")] * 2, f"a long task lost its lease over the slow link: {rows}\n{s.logs()}"
+        assert r.lost_attempts == 0
+    finally:
+        link.close()
+
 
 LONG = {**BASE, "DISPATCH_LEASE": 2.0, "RUN_LEASE": 3.0, "HEARTBEAT_INTERVAL": 1.0, "REAPER_INTERVAL": 0.25}
 

@@ -498,7 +498,7 @@ def test_a_reschedule_waits_for_a_claim_holding_the_row_and_nothing_fires_twice(
             d = Dispatcher(name="racer", lookahead=1.0)
             d.shards.refresh()
             with transaction.atomic():
-                db.run("claim_settings", fetch="count", retries=0)
+                db.run("claim_settings", {"idle_ms": 5000}, fetch="count", retries=0)
                 rows = db.run("claim", {"limit": 10, "dispatcher": d.name, "lease": d.lease, "lookahead": 1.0,
                                         **d.shards.claim_params(), **d.queues.claim_params()}, retries=0)
                 runs.extend(advance(rows, lease=d.lease, lookahead=1.0))

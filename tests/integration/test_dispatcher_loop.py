@@ -98,3 +98,34 @@ def test_two_dispatchers_in_one_database_never_share_a_job():
             break
         seen += [c.job_id for c in got]
     assert len(seen) == len(set(seen)) == 50
+
+
+@pytest.mark.django_db(transaction=True)  # the server ends the claim's session: not the test's own transaction
+def test_a_claim_left_idle_in_its_transaction_is_ended_by_the_server_and_publishes_nothing(settings):
+    import time
+
+    from django.db import InterfaceError, OperationalError, connection
+    from helpers import RecordingPublisher
+
+    from cron_at_scale import sql as db
+
+    settings.CRON_AT_SCALE = {"SHARD_LEASE": 1.0}  # the claim's idle timeout
+    jobs = [cron_at_scale.schedule(noop) for _ in range(3)]
+    d = Dispatcher(name="stalls", publisher=RecordingPublisher())
+    stalled: list[float] = []
+
+    def stall(execute, query, params, many, context):
+        result = execute(query, params, many, context)
+        if "SKIP LOCKED" in query and "INSERT INTO cron_at_scale_jobattempt" in query and not stalled:
+            stalled.append(time.monotonic())
+            time.sleep(1.6)  # idle in the claim's transaction, its rows locked, past the timeout
+        return result
+
+    with connection.execute_wrapper(stall), pytest.raises((OperationalError, InterfaceError)):
+        d.tick()
+    assert stalled and d.publisher.published == []
+    db.reset_connection()
+    assert sorted(Job.objects.values_list("status", flat=True)) == ["pending"] * 3  # the claim rolled back
+    assert not JobAttempt.objects.exists()
+    assert d.tick() == 3  # claimed again, as attempt 1
+    assert sorted((str(c.job_id), c.attempt) for c in d.publisher.published) == sorted((str(j.id), 1) for j in jobs)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from datetime import timedelta
+
 import pytest
 from demo.tasks import noop
 from helpers import RecordingPublisher, sql
 
 import cron_at_scale
 from cron_at_scale import ValidationError
+from cron_at_scale import sql as db
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
 
@@ -147,6 +151,63 @@ def test_a_cancelled_cron_jobs_lost_run_is_not_fired_again(dispatcher):
     expire_leases()
     assert dispatcher.reap() == 1
     assert dispatcher.published == []
+
+
+def _as_if_the_clock_stepped(reaper, seconds: float) -> None:
+    """The reaper's last reading of the database clock moved so that its next pass sees a step of
+    ``seconds`` (+ forward): the clock itself cannot be stepped here (the fault suite does it)."""
+    reaper.watch_clock()
+    db_time, mono = reaper._reading
+    reaper._reading = (db_time - seconds, mono)
+
+
+def test_a_forward_step_of_the_database_clock_reaps_no_running_attempt_until_heartbeats_renewed(dispatcher):
+    running, queued = cron_at_scale.schedule(noop), cron_at_scale.schedule(noop)
+    dispatcher.claim()
+    expire_leases(started=False)
+    sql("UPDATE cron_at_scale_jobattempt SET started_at = statement_timestamp() WHERE job_id = %s", [running.id])
+    reaper = dispatcher.reaper
+    reaper.run_lease = 1.0  # the hold lasts one run lease
+    _as_if_the_clock_stepped(reaper, 40.0)
+    assert dispatcher.reap() == 1  # the queued message's lease only
+    assert reaper.steps and 38 < reaper.steps[-1] < 42
+    outcomes = dict(JobAttempt.objects.values_list("job_id", "outcome"))
+    assert (outcomes[running.id], outcomes[queued.id]) == ("dispatched", "lost")
+    time.sleep(1.1)  # a live heartbeat would have renewed it by now: this one is dead
+    assert dispatcher.reap() == 1
+    assert JobAttempt.objects.get(job_id=running.id, attempt=1).outcome == "lost"
+
+
+def test_the_reap_statement_leaves_a_running_attempt_when_its_clock_is_past_the_readers():
+    job = cron_at_scale.schedule(noop)
+    Dispatcher(name="t", publisher=RecordingPublisher()).claim()
+    expire_leases(started=True)
+    past = db.db_now() - timedelta(seconds=5)  # the reaper read the clock, then it stepped 5 s forward
+    assert db.run("reap", {"limit": 10, "running_until": past}) == []
+    assert db.run("reap", {"limit": 10, "running_until": None}) == []  # a step being waited out
+    assert [(r.job_id, r.attempt) for r in db.run("reap", {"limit": 10, "running_until": past + timedelta(60)})] == [
+        (job.id, 1)]
+
+
+def test_after_a_backward_step_a_lease_written_before_it_runs_out_on_the_monotonic_clock(dispatcher):
+    dead, alive = cron_at_scale.schedule(noop), cron_at_scale.schedule(noop)
+    dispatcher.claim()
+    # both leases written before a 40 s step back, 1 s left: on the stepped clock they end in 41 s
+    sql("UPDATE cron_at_scale_jobattempt SET started_at = statement_timestamp(), outcome = 'running', "
+        "locked_until = statement_timestamp() + interval '41 seconds'")
+    reaper = dispatcher.reaper
+    reaper.run_lease = 4.0  # a lease ending 41 s ahead was not written by a heartbeat on this clock
+    reaper.heartbeat_interval = 0.2  # counted no sooner than a heartbeat (and the tolerance) would change it
+    _as_if_the_clock_stepped(reaper, -40.0)
+    assert dispatcher.reap() == 0
+    assert sorted(reaper._stale) == sorted(JobAttempt.objects.values_list("id", flat=True))
+    sql("UPDATE cron_at_scale_jobattempt SET locked_until = statement_timestamp() + interval '4 seconds' "
+        "WHERE job_id = %s", [alive.id])  # its heartbeat, on the new clock
+    time.sleep(1.3)
+    assert dispatcher.reap() == 1
+    outcomes = dict(JobAttempt.objects.values_list("job_id", "outcome"))
+    assert (outcomes[dead.id], outcomes[alive.id]) == ("lost", "running")
+    assert "step back" in JobAttempt.objects.get(job_id=dead.id).error
 
 
 def test_requeue_puts_failed_jobs_back_with_retries_reset():

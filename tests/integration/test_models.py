@@ -60,7 +60,7 @@ def test_claim_walks_the_shard_index_beside_many_future_jobs():
     params = {"limit": 1000, "dispatcher": "t", "lease": 30.0, "lookahead": 1.0, **NOTHING_HELD}
     for shards in (list(range(64)), [3, 7]):  # every shard, or a few
         with transaction.atomic():  # with the claim's settings, as it runs
-            sql(QUERIES["claim_settings"])
+            sql(QUERIES["claim_settings"], {"idle_ms": 5000})
             plan = "\n".join(r[0] for r in sql("EXPLAIN " + QUERIES["claim"], {**params, "shards": shards,
                                                                               "floors": [None] * len(shards),
                                                                               "per_shard": 1000 // len(shards)}))
@@ -206,7 +206,7 @@ def test_the_claim_with_held_queues_still_walks_the_shard_index(held):
     params = {"limit": 1000, "dispatcher": "t", "lease": 30.0, "lookahead": 1.0, "shards": list(range(64)),
               "floors": [None] * 64, "per_shard": 16, **held}
     with transaction.atomic():
-        sql(QUERIES["claim_settings"])
+        sql(QUERIES["claim_settings"], {"idle_ms": 5000})
         plan = "\n".join(r[0] for r in sql("EXPLAIN " + QUERIES["claim"], params))
         transaction.set_rollback(True)
     assert "Index Scan using cron_job_pending_shard on cron_at_scale_job" in plan, plan

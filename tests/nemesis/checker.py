@@ -21,10 +21,22 @@ run never started, or a cron occurrence within the run never ran),
 ``success_discarded`` (a job failed although an attempt of it ended well),
 ``wrong_final`` (another unexpected final status), ``early`` (started before
 its fire time less the skew), ``after_cancel`` (started after a committed
-cancel), ``late`` (started later than the recovery bound after the faults
-around its fire time healed). Failures from ``MAX_LOST_ATTEMPTS`` exhaustion
-are counted apart (``lost_exhausted``): they are a policy, reported, not a
-violation, unless a success was discarded.
+cancel), ``late`` (a run's first start later after its fire time than the
+bounds of the faults that cover it allow, see :func:`allowed_start`),
+``start_not_recorded`` (a task ran under an attempt whose row has no
+``started_at``: its start was not durable), ``rerun_without_lost_lease`` (a run started again under a new attempt number
+although its earlier attempt was neither retried nor lost to a fault that
+could lose its lease), ``lost_without_fault`` (an attempt reaped as lost while
+running with no such fault), ``success_not_recorded`` (a task returned well
+per the ledger, but its attempt is not ``succeeded`` or its one-off job not
+``completed``, and its worker did not die inside the completion window).
+Failures from ``MAX_LOST_ATTEMPTS`` exhaustion are counted apart
+(``lost_exhausted``): they are a policy, reported, not a violation, unless a
+success was discarded.
+
+Every bound comes from the run's settings (``settings``: DISPATCH_LEASE,
+RUN_LEASE, HEARTBEAT_INTERVAL, REAPER_INTERVAL, SHARD_LEASE) and the recovery
+bounds table of docs/guarantees.md, plus the slack of :data:`LIMITS`.
 """
 
 from __future__ import annotations
@@ -40,14 +52,79 @@ LIMITS = {
     "skew": 0.25,
     # A task may write its start line this long after a cancel committed (it had started before it).
     "cancel_window": 1.0,
-    # After the faults around a fire time have healed, a job starts within this many seconds. It covers
-    # DISPATCH_LEASE (6) doubled by two never-started re-fires (backoff), plus the reaper and a restart.
-    "recovery": 30.0,
     # A fault is blamed for what happens this long after it healed.
     "lookback": 10.0,
     # Cron occurrences due this close to the cron cancel need not have run.
     "cron_tail": 10.0,
+    # A first start may come this long after the bound of the faults covering it (or its fire time, with
+    # none): claim, publish, a free worker slot, the ledger line, on a 2-core box shared with other runs.
+    "slack": 5.0,
+    # A fault still covers jobs due this long after it healed (processes reconnect with a back-off up to
+    # 5 s, docs/guarantees.md "PostgreSQL crash or restart": restart time + 5 s).
+    "reconnect": 5.0,
+    # And this much per fault covering it: each fault's recovery (a reconnect, a process booting) comes
+    # after the previous one's when they overlap.
+    "slack_per_fault": 1.0,
+    # A run dispatched in time may wait this long more for a free worker slot: the recovery bounds count
+    # "once workers are free", and the workload's longest task (``long``, 8 s) may hold every free slot
+    # while a worker is down; plus the slack above.
+    "queue_wait": 8.0,
+    # A lease runs RUN_LEASE from the worker's last renewal; a renewal may come this late on a loaded box.
+    "lease_slack": 1.5,
+    # A success is durable once written: with the next start or COMPLETION_DELAY (0.05 s) after the task
+    # returned; its worker dying this soon after the ledger's end line may lose it (promise 2's window).
+    "completion_window": 1.0,
 }
+
+# Faults that can make a running attempt's lease expire: on the node that runs it, or on PostgreSQL.
+NODE_LEASE_LOSS = ("kill", "clock", "exit", "stop", "partition_pg")
+SERVER_LEASE_LOSS = ("pg_restart", "failover")
+# Faults that kill a node's processes (a clock fault restarts the node when applied and when healed).
+DEATH = ("kill", "clock", "exit")
+# Faults during which a node cannot write to PostgreSQL (its completions wait).
+NODE_NO_DB = ("stop", "partition_pg")
+
+
+def _end(f: dict) -> float:
+    """When a fault stopped hurting: its heal; a failover's outage ends when the standby is promoted."""
+    if f["kind"] == "failover":
+        return f.get("start_done") or f["start"]
+    return f.get("heal") or f["start"]
+
+
+def _node(worker: str | None, pids: dict[int, str]) -> str | None:
+    """The node of an attempt row's ``worker`` (``host:pid`` of the pool process, or ``node@host``)."""
+    if not worker:
+        return None
+    if "@" in worker:
+        return worker.split("@")[0]
+    pid = worker.rpartition(":")[2]
+    return pids.get(int(pid)) if pid.isdigit() else None
+
+
+def fault_bound(f: dict, ready: float, s: dict, lim: dict) -> float:
+    """The latest first start (UNIX seconds, before slack) of a run ready at ``ready`` under fault ``f``.
+
+    From docs/guarantees.md, "Recovery bounds", counted from the fault's start (or ``ready`` if later),
+    not from its end, except where the table counts from the end (a server's restart time):
+
+    * a worker down, stalled or cut off: its prefetched messages are lost, fired again after
+      ``DISPATCH_LEASE``, by a reaper within ``REAPER_INTERVAL``;
+    * a dispatcher down, stalled or cut off from PostgreSQL: ``SHARD_LEASE`` for new runs,
+      ``DISPATCH_LEASE`` for the ones it claimed; cut off from the broker: ``SHARD_LEASE + DISPATCH_LEASE``;
+    * PostgreSQL restarted, failed over, or the broker restarted: restart time + reconnect, or
+      ``DISPATCH_LEASE`` for a message lost in it, whichever is later.
+    """
+    dl, ri, sl = float(s["DISPATCH_LEASE"]), float(s["REAPER_INTERVAL"]), float(s["SHARD_LEASE"])
+    begin = max(ready, f["start"])
+    kind, target = f["kind"], f.get("target", "")
+    if kind in ("pg_restart", "failover", "broker_restart"):
+        return max(max(ready, _end(f)) + lim["reconnect"], begin + dl) + ri
+    if target.startswith("w"):
+        return begin + dl + ri
+    if target.startswith("d"):
+        return begin + (sl + dl if kind == "partition_broker" else max(sl, dl)) + ri
+    return max(ready, _end(f)) + dl + ri  # a kind this table does not know: counted from its end
 
 SUCCESS_KINDS = ("now", "delayed", "retry", "long")
 
@@ -65,11 +142,38 @@ class Violation:
     blamed: str = "none"
 
 
+def allowed_start(due: float, start: float, lost_unstarted: int, faults: list[dict], s: dict,
+                  lim: dict) -> tuple[float, list[dict]]:
+    """The latest first start (UNIX seconds) of a run due at ``due`` that started at ``start`` after
+    ``lost_unstarted`` earlier attempts of it were lost before any worker started them; and the faults
+    that cover it (begun before ``start``, ended at most ``reconnect`` seconds before ``due``).
+
+    The latest of the covering faults' bounds (:func:`fault_bound`; one that ended before ``due``
+    loses nothing of it: only ``reconnect`` after its end). Faults do not add up: a second fault that
+    hurts the run again loses its message again, and the product counts that loss. So the second and
+    later unstarted losses add their doubled dispatch leases (``DISPATCH_LEASE`` x 2^k, k <= 4), and
+    the first is in the bound of a fault still active at ``due`` or, with none, one ``DISPATCH_LEASE``
+    from when the run was ready.
+    Then ``slack``, and ``slack_per_fault`` per covering fault.
+    """
+    dl, ri = float(s["DISPATCH_LEASE"]), float(s["REAPER_INTERVAL"])
+    cov = sorted((f for f in faults if f["start"] <= start and _end(f) + lim["reconnect"] >= due),
+                 key=lambda f: f["start"])
+    t = due
+    for f in cov:
+        t = max(t, _end(f) + lim["reconnect"] if _end(f) < due else fault_bound(f, due, s, lim))
+    if lost_unstarted and not [f for f in cov if _end(f) >= due]:
+        t += dl + ri  # lost after the faults (a start that gave up while its connection came back)
+    t += sum(dl * 2 ** min(k, 4) + ri for k in range(1, lost_unstarted))
+    return t + lim["slack"] + lim["slack_per_fault"] * len(cov), cov
+
+
 @dataclass
 class Result:
     violations: list[Violation] = field(default_factory=list)
     faults_by_kind: dict = field(default_factory=dict)  # kind -> count
     max_late_by_kind: dict = field(default_factory=dict)  # kind -> max lateness (s) of jobs due around it
+    margin_by_kind: dict = field(default_factory=dict)  # kind -> max (first start - allowed start), s
     stats: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)  # examples behind the counted figures
 
@@ -82,15 +186,19 @@ class Result:
         by_kind: dict[str, list[Violation]] = defaultdict(list)
         for v in self.violations:
             by_kind[v.blamed].append(v)
-        lines = [f"{'fault kind':<18} {'count':>5} {'max late s':>10} {'violations':>10}  rules",
-                 "-" * 70]
+        lines = [f"{'fault kind':<18} {'count':>5} {'max late s':>10} {'vs bound s':>10} {'violations':>10}  rules",
+                 "-" * 81]
         for k in kinds:
             rules = defaultdict(int)
             for v in by_kind[k]:
                 rules[v.rule] += 1
+            margin = self.margin_by_kind.get(k)
             lines.append(f"{k:<18} {self.faults_by_kind.get(k, 0):>5} {self.max_late_by_kind.get(k, 0.0):>10.2f} "
+                         f"{'' if margin is None else f'{margin:+.2f}':>10} "
                          f"{len(by_kind[k]):>10}  " + ", ".join(f"{r}={n}" for r, n in sorted(rules.items())))
-        lines.append("-" * 70)
+        lines.append("-" * 81)
+        lines.append("max late: first start - fire time of the runs the kind covered; vs bound: the worst "
+                     "first start - its allowed start (negative: within the bound)")
         lines.append("  ".join(f"{k}={v}" for k, v in self.stats.items()))
         lines += self.notes
         return "\n".join(lines)
@@ -114,8 +222,11 @@ def read_jsonl(paths) -> list[dict]:
 
 
 def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, int], dict], workload: list[dict],
-          faults: list[dict], limits: dict | None = None, max_lost: int = 5) -> Result:
+          faults: list[dict], limits: dict | None = None, max_lost: int = 5, settings: dict | None = None) -> Result:
+    if settings is None:
+        from .cluster import SETTINGS as settings
     lim = {**LIMITS, **(limits or {})}
+    sett = settings
     res = Result()
     v = res.violations
     faults = [f for f in faults if not f.get("error")]  # not applied: blamed for nothing, counted in stats
@@ -128,6 +239,25 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
 
     def add(rule, job, at, evidence):
         v.append(Violation(rule, job, at, evidence, blame(at)))
+
+    def db_ahead(t: float) -> float:
+        # how far a db_clock fault had set the database clock ahead of the real one at real time t:
+        # fire times are on the database clock, the ledger's starts on the real one
+        return max([f.get("offset", 0.0) for f in faults if f["kind"] == "db_clock"
+                    and f["start"] - 1.0 <= t <= (f.get("heal") or f["start"]) + 1.0] + [0.0])
+
+    steps = [f for f in faults if f["kind"] == "db_clock"]
+
+    def real(t: float | None) -> float | None:
+        # a database clock reading (fire times, attempt rows) as real time, through a db_clock step
+        for f in steps:
+            if t is not None and f["start"] - 1.0 <= t - f.get("offset", 0.0) <= (f.get("heal") or f["start"]) + 1.0:
+                return t - f.get("offset", 0.0)
+        return t
+
+    if steps:
+        attempts = {k: {**r, **{c: real(r.get(c)) for c in ("started_at", "finished_at", "dispatched_at")}}
+                    for k, r in attempts.items()}
 
     planned = {w["job"]: w for w in workload if w["ev"] == "job"}
     ambiguous = {j for w in workload if w["ev"] == "ambiguous" for j in w["jobs"]}
@@ -149,6 +279,15 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
         else:
             seen[key] = line
 
+    # start_not_recorded: a task ran under an attempt number whose row says no worker started it (the
+    # start, the fencing token, was lost: a crash could hand the same number out again)
+    for line in seen.values():
+        row = attempts.get((line["job"], line["attempt"]))
+        if row is not None and row.get("started_at") is None:
+            add("start_not_recorded", line["job"], line["wall"],
+                f"attempt {line['attempt']} started at {line['wall']:.3f} (pid {line['pid']}, {line.get('node')}) "
+                f"but its row has no start: {row}")
+
     # early: before the fire time the task was given (and, for one-off jobs, the one scheduled)
     for job, lines in starts.items():
         w = planned.get(job)
@@ -156,7 +295,7 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
             due = _ts(line.get("occurrence")) or _ts(line["fire_at"])
             if w is not None and not w["kind"].startswith("cron") and line["attempt"] == 1:
                 due = max(due or 0.0, w["fire_at"])
-            if due is not None and line["wall"] < due - lim["skew"]:
+            if due is not None and line["wall"] + db_ahead(line["wall"]) < due - lim["skew"]:
                 add("early", job, line["wall"], f"attempt {line['attempt']} started {due - line['wall']:.3f}s before "
                     f"its fire time (pid {line['pid']}, clock offset {line.get('offset')})")
 
@@ -172,7 +311,7 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
                     f"after the cancel committed (attempt row {row})")
 
     # final states, missed, lateness
-    lateness: list[tuple[float, float, str]] = []  # (due, start, job)
+    lateness: list[tuple[float, float, str, int]] = []  # (due, first start, job, its attempt)
     lost_exhausted = reexecuted = 0
     for job, w in planned.items():
         kind = w["kind"]
@@ -222,17 +361,18 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
                 if got < want:
                     add("missed", job, w["fire_at"], f"always-failing job failed after {got} started attempts of {want}")
         if lines and kind != "cancel":
-            lateness.append((w["fire_at"], min(x["wall"] for x in lines), job))
+            first = min(lines, key=lambda x: x["wall"])
+            lateness.append((w["fire_at"], first["wall"], job, first["attempt"]))
 
     # cron occurrences: each due from the first to the cancel (less the tail) ran
     cron_runs = 0
     for job, w in planned.items():
         if not w["kind"].startswith("cron"):
             continue
-        by_occ: dict[float, float] = {}
+        by_occ: dict[float, tuple[float, int]] = {}
         for line in starts.get(job, []):
             occ = round(_ts(line.get("occurrence")) or _ts(line["fire_at"]), 3)
-            by_occ[occ] = min(by_occ.get(occ, line["wall"]), line["wall"])
+            by_occ[occ] = min(by_occ.get(occ, (line["wall"], line["attempt"])), (line["wall"], line["attempt"]))
         cron_runs += len(by_occ)
         end = cancels.get(job, {}).get("wall")
         if end is None:
@@ -242,29 +382,139 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
             if round(t, 3) not in by_occ:
                 add("missed", job, t, f"cron occurrence {datetime.fromtimestamp(t).isoformat()} never ran")
             else:
-                lateness.append((t, by_occ[round(t, 3)], job))
+                lateness.append((t, *by_occ[round(t, 3)][:1], job, by_occ[round(t, 3)][1]))
             t += w.get("step", 1)
 
-    # late: start beyond the recovery bound after the faults around the fire time healed
-    for due, start, job in lateness:
-        around = [f for f in faults if f["start"] - lim["lookback"] <= due <= (f.get("heal") or f["start"]) + lim["lookback"]
-                  or f["start"] <= start and (f.get("heal") or f["start"]) >= due]
-        ready = max([due] + [(f.get("heal") or f["start"]) for f in around])
+    # late: a run's first start against the bounds of the faults covering it, counted from its fire time
+    unstarted: dict[tuple, list[int]] = defaultdict(list)  # run -> attempts lost before a worker started them
+    for (j, a), r in attempts.items():
+        if r.get("outcome") == "lost" and r.get("started_at") is None:
+            kind = planned.get(j, {}).get("kind", "")
+            occ = round(r["scheduled_at"], 3) if kind.startswith("cron") and r.get("scheduled_at") else None
+            unstarted[(j, occ)].append(a)
+    for due_db, start, job, first in lateness:
+        occ = round(due_db, 3) if planned[job]["kind"].startswith("cron") else None
+        lost = sum(1 for a in unstarted.get((job, occ), []) if a < first)
+        due = real(due_db) or due_db
+        allowed, cov = allowed_start(due, start, lost, faults, sett, lim)
+        # the bound is the dispatch's (claimed for the broker); the start may then wait for a free slot
+        dispatched = (attempts.get((job, first)) or {}).get("dispatched_at")
+        if dispatched is not None and dispatched <= allowed:
+            allowed = max(allowed, dispatched + lim["queue_wait"] + lim["slack"])
         late = start - due
-        for f in around:
-            k = f["kind"]
+        for k in {f["kind"] for f in cov} or {"none"}:
             res.max_late_by_kind[k] = max(res.max_late_by_kind.get(k, 0.0), late)
-        if not around:
-            res.max_late_by_kind["none"] = max(res.max_late_by_kind.get("none", 0.0), late)
-        if start > ready + lim["recovery"]:
-            v.append(Violation("late", job, start, f"started {late:.1f}s after its fire time, "
-                               f"{start - ready:.1f}s after the faults around it healed",
-                               max(around, key=lambda f: f.get("heal") or f["start"])["kind"] if around else "none"))
+            res.margin_by_kind[k] = max(res.margin_by_kind.get(k, -1e9), start - allowed)
+        if start > allowed:
+            v.append(Violation("late", job, start, f"started {late:.1f}s after its fire time (dispatched "
+                               f"{'?' if dispatched is None else f'{dispatched - due:+.1f}s'}), {start - allowed:.1f}s "
+                               f"past its bound ({allowed - due:.1f}s: {lost} unstarted losses, covering faults "
+                               + (", ".join(f"{f['kind']} {f.get('target')} at {f['start'] - due:+.1f}s for "
+                                            f"{_end(f) - f['start']:.1f}s" for f in cov) or "none") + ")",
+                               cov[-1]["kind"] if cov else "none"))
 
+    _check_reruns(starts, ends, attempts, planned, cancels, jobs, faults, sett, lim, add, res)
+
+    commit = sorted(line["wall"] - row["started_at"] for line in ledger if line["ev"] == "start"
+                    for row in [attempts.get((line["job"], line["attempt"])) or {}] if row.get("started_at"))
     res.stats = {"jobs": sum(1 for w in planned.values() if not w["kind"].startswith("cron")),
                  "ambiguous_inserts": len(ambiguous), "starts": sum(len(x) for x in starts.values()),
                  "cron_runs": cron_runs, "reexecuted_jobs": reexecuted,
                  "lost_attempts": sum(1 for r in attempts.values() if r.get("outcome") == "lost"),
                  "lost_exhausted": lost_exhausted,
-                 "cancels": sum(1 for c in cancels.values() if c["cancelled"])}
+                 "cancels": sum(1 for c in cancels.values() if c["cancelled"]),
+                 **res.stats}
+    if commit:
+        res.stats["start_to_ledger_ms_p50"] = round(1000 * commit[len(commit) // 2], 1)
+        res.stats["start_to_ledger_ms_p99"] = round(1000 * commit[int(len(commit) * 0.99)], 1)
     return res
+
+
+def _check_reruns(starts, ends, attempts, planned, cancels, jobs, faults, s, lim, add, res) -> None:
+    """Rules ``rerun_without_lost_lease``, ``lost_without_fault`` and ``success_not_recorded``."""
+    rl, hb = float(s["RUN_LEASE"]), float(s["HEARTBEAT_INTERVAL"])
+    pids = {x["pid"]: x["node"] for xs in starts.values() for x in xs if x.get("node")}  # pool process -> node
+
+    def lease_faults(node, t0, t1):
+        """Faults that could make an attempt running on ``node`` from ``t0`` lose its lease by ``t1``:
+        begun by ``t1``, not ended before ``t0``, and ``t1`` at least a lease after the last renewal."""
+        out = []
+        for f in faults:
+            if not (f["kind"] in SERVER_LEASE_LOSS
+                    or f["kind"] in NODE_LEASE_LOSS and (node is None or f.get("target") == node)):
+                continue
+            if f["start"] <= t1 and _end(f) + lim["lease_slack"] >= t0 \
+                    and t1 >= max(t0, f["start"] - hb) + rl - lim["lease_slack"]:
+                out.append(f)
+        return out
+
+    def near(t):
+        return ", ".join(f"{f['kind']} {f.get('target')} {f['start'] - t:+.1f}s..{_end(f) - t:+.1f}s"
+                         for f in faults if f["start"] - 30 <= t <= _end(f) + 30) or "none"
+
+    # a run that started again under a new attempt number: its earlier attempt was retried or lost its lease
+    for job, lines in starts.items():
+        kind = planned.get(job, {}).get("kind", "")
+        runs: dict = defaultdict(dict)  # run key -> attempt -> its first start line
+        for line in sorted(lines, key=lambda x: x["wall"]):
+            key = (_ts(line.get("occurrence")) or _ts(line["fire_at"])) if kind.startswith("cron") else None
+            runs[key].setdefault(line["attempt"], line)
+        ended = {x["attempt"] for x in ends.get(job, [])}
+        for by_attempt in runs.values():
+            order = sorted(by_attempt)
+            for k, m in zip(order, order[1:]):
+                first, again = by_attempt[k], by_attempt[m]
+                row = attempts.get((job, k)) or {}
+                if row.get("outcome") == "retried" and k not in ended:
+                    continue
+                # the lease began at the start's commit: before the ledger line if the worker stalled between
+                began = min(first["wall"], row.get("started_at") or first["wall"])
+                if lease_faults(first.get("node"), began, again["wall"]):
+                    continue
+                add("rerun_without_lost_lease", job, again["wall"],
+                    f"attempt {k} (node {first.get('node')}, started {first['wall']:.2f}, outcome "
+                    f"{row.get('outcome')}, {'ended well' if k in ended else 'no end line'}) ran again as attempt "
+                    f"{m} {again['wall'] - first['wall']:.2f}s later on {again.get('node')}; no fault could lose "
+                    f"its lease (RUN_LEASE {rl:g}s); faults near: {near(first['wall'])}")
+
+    # an attempt reaped as lost while running: a fault made it lose its lease
+    for (job, a), row in attempts.items():
+        if row.get("outcome") != "lost" or row.get("started_at") is None or row.get("finished_at") is None:
+            continue
+        if not lease_faults(_node(row.get("worker"), pids), row["started_at"], row["finished_at"]):
+            add("lost_without_fault", job, row["finished_at"],
+                f"attempt {a} started {row['started_at']:.2f} on {row.get('worker')} reaped as lost "
+                f"{row['finished_at'] - row['started_at']:.2f}s later (RUN_LEASE {rl:g}s); faults near: "
+                f"{near(row['started_at'])}")
+
+    # a task that returned well: its attempt succeeded and its one-off job completed, unless its worker
+    # died before the completion could be written
+    in_window = 0
+    for job, lines in ends.items():
+        w = planned.get(job)
+        if w is None:
+            continue
+        cancelled = bool(cancels.get(job, {}).get("cancelled"))
+        for line in lines:
+            row = attempts.get((job, line["attempt"])) or {}
+            st = (jobs.get(job) or {}).get("status")
+            good_row = row.get("outcome") == "succeeded" or cancelled and row.get("outcome") == "cancelled"
+            good_job = w["kind"].startswith("cron") or st == "completed" or cancelled and st == "cancelled"
+            if good_row and good_job:
+                continue
+            e, node = line["wall"], line.get("node")
+            deadline = e + lim["completion_window"]
+            for f in sorted(faults, key=lambda f: f["start"]):  # the write waits while its node cannot reach PG
+                if (f["kind"] in SERVER_LEASE_LOSS or f["kind"] in NODE_NO_DB and f.get("target") in (node, None)
+                        or node is None and f["kind"] in NODE_NO_DB) and f["start"] <= deadline and _end(f) >= e:
+                    deadline = max(deadline, _end(f) + lim["reconnect"])
+            died = [f for f in faults if f["kind"] in DEATH and (node is None or f.get("target") == node)
+                    and any(e - lim["completion_window"] <= t <= deadline
+                            for t in (f["start"], *([_end(f)] if f["kind"] == "clock" else [])))]
+            if died:
+                in_window += 1
+                continue
+            add("success_not_recorded", job, e,
+                f"attempt {line['attempt']} returned well at {e:.2f} on {node}; its attempt row is "
+                f"{row.get('outcome')}, its job {st}; faults near: {near(e)}")
+    res.stats["successes_lost_in_window"] = in_window

@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -25,8 +26,9 @@ import faultkit
 SETTINGS = {"DISPATCH_LEASE": 6.0, "RUN_LEASE": 4.0, "HEARTBEAT_INTERVAL": 1.0, "REAPER_INTERVAL": 0.5,
             "SHARD_LEASE": 3.0, "LOOKAHEAD": 1.0, "BATCH_SIZE": 200, "POLL_INTERVAL": 0.05, "MAX_LOST_ATTEMPTS": 5}
 DB_NAME = "nemesis"
-# Node i: host side 10.213.i.1 (PostgreSQL listens there) and 10.213.i.3 (Redis), namespace side 10.213.i.2.
-SUBNET = "10.213"
+# Node i: host side 10.N.i.1 (PostgreSQL listens there) and 10.N.i.3 (Redis), namespace side 10.N.i.2;
+# N from the pid, so that two runs on one host do not route each other's addresses.
+SUBNET = f"10.{100 + os.getpid() % 150}"
 
 
 def _sh(*args: str, check: bool = True, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -121,6 +123,45 @@ class Netns:
         _sh("ip", "netns", "del", self.name, check=False)
 
 
+# Seconds the WAL writer is frozen before a crash: the asynchronous commits of that time (claims,
+# heartbeats; a start, were it asynchronous) stay in PostgreSQL's memory, unwritten, and are lost,
+# as an operating system crash loses what was not flushed (fsync on or off, a crash of the server's
+# processes alone loses only what they had not written). $NEMESIS_WAL_STALL changes it (0: a plain crash).
+WAL_STALL = float(os.environ.get("NEMESIS_WAL_STALL", "0.5"))
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d.name))
+    return out
+
+
+def crash(pg: faultkit.PrivatePostgres) -> None:
+    """Crash the server as a power loss would: WAL writer frozen for :data:`WAL_STALL`, then the
+    postmaster frozen and every process of it killed -9 at once. ``start()`` brings it back."""
+    pid = int((pg.data / "postmaster.pid").read_text().split()[0])
+    kids = _children(pid)
+    for k in kids:
+        with contextlib.suppress(OSError):
+            if b"walwriter" in Path(f"/proc/{k}/cmdline").read_bytes():
+                os.kill(k, signal.SIGSTOP)
+    time.sleep(WAL_STALL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
+    for k in set(kids) | set(_children(pid)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(k, signal.SIGKILL)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:  # reaped: a new postmaster may start
+        time.sleep(0.05)
+
+
 class StandbyPostgres(faultkit.PrivatePostgres):
     """A streaming standby: ``pg_basebackup -R`` of ``primary`` (on ``port`` if given), then started."""
 
@@ -129,6 +170,7 @@ class StandbyPostgres(faultkit.PrivatePostgres):
         if port is not None:
             self.port = port
         self.listen, self.extra_opts = primary.listen, primary.extra_opts
+        self.server_env = dict(primary.server_env)  # the same faked clock (db_clock), if any
         self._run(str(self.bin / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres",
                   "-D", str(self.data), "-R", "-X", "stream", "-c", "fast", timeout=300)
 
@@ -137,7 +179,8 @@ class Cluster:
     """Everything a run starts; ``close()`` stops it all (also after a failure)."""
 
     def __init__(self, run_dir: Path, dispatchers: int = 2, workers: int = 2, netns: bool = True,
-                 standby: bool = True, settings: dict | None = None):
+                 standby: bool = True, settings: dict | None = None, fsync: bool = True,
+                 bound_kinds: tuple[str, ...] = ()):
         self.run_dir = run_dir
         self.log_dir = run_dir / "logs"
         self.ledger_dir = run_dir / "ledger"
@@ -147,6 +190,7 @@ class Cluster:
         self.why_no_netns = netns_unavailable() if netns else "namespaces switched off (--no-netns)"
         self.ns: dict[str, Netns] = {}
         self.want_standby = standby
+        self.fsync = fsync
         self.pg: faultkit.PrivatePostgres | None = None
         self.standby: faultkit.PrivatePostgres | None = None
         self.standby_ready = threading.Event()
@@ -159,6 +203,12 @@ class Cluster:
         self._stop = threading.Event()
         self._supervisor: threading.Thread | None = None
         self._spawned = 0
+        # The faults with bounds of their own (schedule.BOUND_KINDS), set up only when asked for:
+        # db_clock runs both servers under libfaketime, slow_link puts each worker behind proxies.
+        self.bound_kinds = bound_kinds
+        self.clock_control: Path | None = None
+        self.why_no_db_clock = "" if "db_clock" in bound_kinds else "not asked for"
+        self.links: dict[str, list[faultkit.SlowLink]] = {}  # worker -> its proxies, one per PostgreSQL port
 
     # -- start -------------------------------------------------------------
 
@@ -176,6 +226,18 @@ class Cluster:
         # Synchronous replication while a standby streams: an acknowledged commit is on both, so a
         # failover loses none (with asynchronous replication it may, by design, not by a bug of ours).
         self.pg.extra_opts = "-c wal_level=replica -c max_wal_senders=10 -c wal_keep_size=512MB -c hot_standby=on"
+        if self.fsync:
+            # Durability on, as the guarantees assume: a later -c wins over faultkit's fsync=off, so a
+            # crash (pg_restart, failover) loses only what a real server would lose.
+            self.pg.extra_opts += " -c fsync=on -c full_page_writes=on"
+        if "db_clock" in self.bound_kinds:
+            ctl = Path(tempfile.mkdtemp(prefix="nemesis-dbclock-", dir="/tmp"))
+            ctl.chmod(0o755)  # the servers run as postgres: they read the offset there
+            try:
+                self.pg.server_env = faultkit.faketime_env(ctl / "faketime.rc")
+                self.clock_control = ctl / "faketime.rc"
+            except faultkit.Unavailable as e:
+                self.why_no_db_clock = str(e)
         self.pg.start()
         faultkit.migrate_template(self.pg, DB_NAME, self.log_dir)
         if self.want_standby:
@@ -225,12 +287,43 @@ class Cluster:
 
     # -- processes ---------------------------------------------------------
 
+    def _worker_db_url(self, name: str, host: str) -> str:
+        """A worker's URL through its proxies (slow_link), one per port of the pair, on ``host``."""
+        if name not in self.links:
+            self.links[name] = [faultkit.SlowLink("127.0.0.1", p, listen=host) for p in self._url_ports]
+        hosts = ",".join(f"{host}:{link.port}" for link in self.links[name])
+        return f"postgresql://postgres@{hosts}/{DB_NAME}?target_session_attrs=read-write&connect_timeout=5"
+
+    def slow_link(self, name: str, delay: float) -> None:
+        for link in self.links[name]:
+            link.delay = delay
+
+    def stall_claim(self, name: str) -> None:
+        """The dispatcher stops itself (SIGSTOP) at its next claim that locked rows (failpoint)."""
+        (self.run_dir / f"stall-{name}").touch()
+
+    def unstall_claim(self, name: str) -> bool:
+        """SIGCONT; whether the dispatcher had stalled (it took the trigger) or claimed nothing meanwhile."""
+        trigger = self.run_dir / f"stall-{name}"
+        stalled = not trigger.exists()
+        trigger.unlink(missing_ok=True)
+        self.signal(name, signal.SIGCONT)
+        return stalled
+
+    def step_db_clock(self, offset: float) -> None:
+        assert self.clock_control is not None
+        faultkit.step_clock(self.clock_control, offset)
+
     def spawn(self, name: str, clock_offset: float = 0.0) -> None:
         ns = self.ns.get(name)
         prefix = ns.prefix if ns else None
-        env = {"DATABASE_URL": self.db_url(ns.host_ip if ns else "127.0.0.1"),
+        host = ns.host_ip if ns else "127.0.0.1"
+        slow = "slow_link" in self.bound_kinds and name.startswith("w")
+        env = {"DATABASE_URL": self._worker_db_url(name, host) if slow else self.db_url(host),
                "CELERY_BROKER_URL": self.broker_url(ns.broker_ip if ns else "127.0.0.1"),
-               "NEMESIS_LEDGER_DIR": str(self.ledger_dir), **self.extra_env}
+               "NEMESIS_LEDGER_DIR": str(self.ledger_dir), "NEMESIS_NODE": name, **self.extra_env}
+        if "claim_stall" in self.bound_kinds and name.startswith("d"):
+            env["CRON_AT_SCALE_FAILPOINTS"] = f"dispatcher.in_claim=stop:{self.run_dir / f'stall-{name}'}"
         with self._lock:
             old = self.system.procs.get(name)
             if old is not None:
@@ -268,7 +361,7 @@ class Cluster:
     # -- servers -----------------------------------------------------------
 
     def pg_stop(self) -> None:
-        self.pg.halt("immediate")
+        crash(self.pg)
 
     def pg_start(self) -> None:
         self.pg.start()
@@ -286,7 +379,7 @@ class Cluster:
         old, new = self.pg, self.standby
         self.standby = None
         self.standby_ready.clear()
-        old.halt("immediate")
+        crash(old)
         new._run(str(new.bin / "pg_ctl"), "-D", str(new.data), "-w", "-t", "60", "promote")
         admin = faultkit.connect(new.url("postgres"))
         with admin.cursor() as cur:  # alone now: a synchronous standby it waits for would block every commit
@@ -317,6 +410,11 @@ class Cluster:
             self.system.stop_all()
         for ns in self.ns.values():
             ns.unblock()
+        for links in self.links.values():
+            for link in links:
+                link.close()
+        if self.clock_control is not None:
+            shutil.rmtree(self.clock_control.parent, ignore_errors=True)
         for server in (self.redis, self.standby, self.pg):
             if server is not None:
                 with contextlib.suppress(Exception):

@@ -14,7 +14,7 @@ import pytest
 
 from . import checker
 from .run import run
-from .schedule import ALL_KINDS, make_schedule
+from .schedule import ALL_KINDS, BOUND_KINDS, REQUIRED, covers, make_schedule
 
 pytestmark = [pytest.mark.faults, pytest.mark.nemesis]
 
@@ -29,10 +29,13 @@ def _report(out) -> str:
 
 @pytest.mark.timeout(900)
 def test_nemesis_short_seed():
-    out = run(SEED, MINUTES)
+    """Every required scenario (schedule.REQUIRED: each promise's main one, a worker stalled longer than
+    RUN_LEASE included) is scheduled first, then random faults; every rule holds."""
+    out = run(SEED, MINUTES, cover=REQUIRED)
     print("\n" + out.result.table())
     assert out.applied, "no fault was applied: the run tested nothing"
     assert not [f for f in out.applied if f.get("error")], _report(out)
+    assert not out.missing, f"required scenarios not applied: {out.missing}\n" + _report(out)
     assert out.result.stats["starts"] > 100, _report(out)
     assert out.ok, _report(out)
 
@@ -55,6 +58,29 @@ def test_schedule_is_a_function_of_the_seed():
         assert not [g for g in a if g is not f and g.target == f.target and f.at <= g.at < f.at + f.duration]
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_schedule_covers_every_required_scenario_in_the_ci_minutes(seed):
+    """With ``cover``, any seed's short schedule has every required scenario; without it, seed 11 did not
+    stall a worker at all (the success of a reaped attempt never happened in CI)."""
+    nodes = ["d1", "d2", "w1", "w2"]
+    a = make_schedule(seed, MINUTES, nodes, list(ALL_KINDS), cover=REQUIRED)
+    assert not covers(a, REQUIRED)
+    for f in a:
+        assert not [g for g in a if g is not f and g.target == f.target and f.at <= g.at < f.at + f.duration]
+    if seed == 11:
+        assert "stop:worker" in covers(make_schedule(seed, MINUTES, nodes, list(ALL_KINDS)), REQUIRED)
+
+
+def test_the_bounded_faults_hit_their_own_nodes():
+    nodes = ["d1", "d2", "w1", "w2"]
+    b = make_schedule(5, 3, nodes, list(BOUND_KINDS))
+    assert {f.kind for f in b} == set(BOUND_KINDS)
+    for f in b:
+        want = {"claim_stall": ("d1", "d2"), "slow_link": ("w1", "w2"), "db_clock": ("pg",)}[f.kind]
+        assert f.target in want, f
+        assert f.kind != "db_clock" or 15 <= abs(f.offset) <= 45, f
+
+
 # -- the checker on synthetic histories ------------------------------------------------------------
 
 T = 1_800_000_000.0  # a fixed real time (seconds)
@@ -66,13 +92,20 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).isoformat()
 
 
-def _start(job, attempt, wall, fire_at, ev="start", occurrence=None):
+def _start(job, attempt, wall, fire_at, ev="start", occurrence=None, node="w1"):
     return {"ev": ev, "job": job, "attempt": attempt, "fire_at": _iso(fire_at),
-            "occurrence": _iso(occurrence) if occurrence else None, "wall": wall, "pid": 1, "offset": 0.0}
+            "occurrence": _iso(occurrence) if occurrence else None, "wall": wall, "pid": 1, "offset": 0.0,
+            "node": node}
+
+
+def _row(outcome, started, finished, scheduled, node="w1"):
+    return {"outcome": outcome, "started_at": started, "finished_at": finished, "scheduled_at": scheduled,
+            "worker": f"{node}@host", "error": ""}
 
 
 def _history():
-    """A clean history: a one-off job, a retried one, an always-failing one, a cancelled one, a cron job."""
+    """A clean history: a one-off job, a retried one, an always-failing one, a cancelled one, a cron job;
+    the ledger, the final rows (attempt rows as the database has them), the workload, no fault."""
     a, b, c, d, cr = (str(uuid.uuid4()) for _ in range(5))
     workload = [
         {"ev": "job", "job": a, "kind": "now", "fire_at": T, "max_retries": 3},
@@ -90,7 +123,12 @@ def _history():
     ledger += [_start(cr, i + 1, T + 2 * i + 0.1, T + 2 * i, occurrence=T + 2 * i) for i in range(11)]
     jobs = {a: {"status": "completed"}, b: {"status": "completed"}, c: {"status": "failed", "lost_attempts": 0},
             d: {"status": "cancelled"}, cr: {"status": "cancelled"}}
-    return ledger, jobs, {}, workload, []
+    attempts = {(a, 1): _row("succeeded", T + 0.1, T + 0.2, T),
+                (b, 1): _row("retried", T + 0.1, T + 0.1, T), (b, 2): _row("retried", T + 1.2, T + 1.2, T + 1),
+                (b, 3): _row("succeeded", T + 3.2, T + 3.3, T + 3),
+                (c, 1): _row("retried", T + 0.1, T + 0.1, T), (c, 2): _row("failed", T + 1.1, T + 1.1, T + 1)}
+    attempts.update({(cr, i + 1): _row("succeeded", T + 2 * i + 0.1, T + 2 * i + 0.2, T + 2 * i) for i in range(11)})
+    return ledger, jobs, attempts, workload, []
 
 
 def test_checker_passes_a_clean_history():
@@ -103,6 +141,10 @@ def test_checker_counts_a_job_failed_by_max_lost_attempts_as_the_policy():
     ledger, jobs, attempts, workload, faults = _history()
     a = workload[0]["job"]
     ledger = [x for x in ledger if not (x["job"] == a and x["ev"] == "end")]  # its runs all died mid-run
+    ledger += [_start(a, i, T + 10 * i, T) for i in range(2, 6)]
+    for i in range(1, 6):  # each killed 1 s after it started; reaped a lease later, then the next one ran
+        attempts[(a, i)] = _row("lost", T + 10 * i if i > 1 else T + 0.1, T + 10 * i + 5, T)
+        faults.append({"kind": "kill", "target": "w1", "start": T + 10 * i + 1, "heal": T + 10 * i + 2})
     jobs[a] = {"status": "failed", "lost_attempts": 5}
     res = checker.check(ledger, jobs, attempts, workload, faults, max_lost=5)
     assert not res.violations, res.evidence()
@@ -115,7 +157,7 @@ def test_checker_counts_a_job_failed_by_max_lost_attempts_as_the_policy():
 @pytest.mark.parametrize("breakage, rule", [
     ("duplicate", "duplicate"), ("early", "early"), ("missed", "missed"), ("cron_missed", "missed"),
     ("failed", "failed_not_by_policy"), ("discarded", "success_discarded"), ("after_cancel", "after_cancel"),
-    ("late", "late"), ("lost_row", "lost_job"), ("unsettled", "unsettled"),
+    ("late", "late"), ("lost_row", "lost_job"), ("unsettled", "unsettled"), ("start_lost", "start_not_recorded"),
 ])
 def test_checker_flags_a_broken_history(breakage, rule):
     ledger, jobs, attempts, workload, faults = _history()
@@ -133,19 +175,94 @@ def test_checker_flags_a_broken_history(breakage, rule):
     elif breakage == "failed":
         ledger = [x for x in ledger if not (x["job"] == a and x["ev"] == "end")]
         jobs[a] = {"status": "failed", "lost_attempts": 1}
+        attempts[(a, 1)]["outcome"] = "failed"
     elif breakage == "discarded":
         jobs[a] = {"status": "failed", "lost_attempts": 1}
+        attempts[(a, 1)]["outcome"] = "lost"
     elif breakage == "after_cancel":
         ledger.append(_start(d, 1, T + 10.1, T + 10))
     elif breakage == "late":
         faults.append({"kind": "kill", "target": "w1", "start": T - 5, "heal": T - 4})
         ledger[0] = _start(a, 1, T + 45, T)
+    elif breakage == "start_lost":  # the task ran, but its start did not survive: the row was reaped unstarted
+        attempts[(a, 1)].update(outcome="lost", started_at=None)
     elif breakage == "lost_row":
         del jobs[a]
     elif breakage == "unsettled":
         jobs[a] = {"status": "pending"}
+        ledger = [x for x in ledger if not (x["job"] == a and x["ev"] == "end")]
+        attempts[(a, 1)]["outcome"] = "running"
     res = checker.check(ledger, jobs, attempts, workload, faults)
     assert rule in {v.rule for v in res.violations}, res.evidence()
     if breakage == "late":
         assert {v.blamed for v in res.violations} == {"kill"}
         assert "kill" in res.table()
+
+
+# -- the rules on re-runs, recorded successes and lateness from the fire time ----------------------
+
+def _rerun(fault_target="w1", fault_at=1.0, second_at=6.0):
+    """Job ``a``'s attempt 1 starts on w1 at T+0.1 and is reaped; attempt 2 runs on w2 at T+``second_at``.
+    A kill of ``fault_target`` at T+``fault_at`` (None: no fault)."""
+    ledger, jobs, attempts, workload, faults = _history()
+    a = workload[0]["job"]
+    ledger = [x for x in ledger if not (x["job"] == a and x["ev"] == "end")]
+    ledger += [_start(a, 2, T + second_at, T, node="w2"), _start(a, 2, T + second_at + 0.1, T, ev="end", node="w2")]
+    attempts[(a, 1)] = _row("lost", T + 0.1, T + second_at - 0.5, T)
+    attempts[(a, 2)] = _row("succeeded", T + second_at, T + second_at + 0.1, T + second_at - 0.5, node="w2")
+    if fault_target:
+        faults.append({"kind": "kill", "target": fault_target, "start": T + fault_at, "heal": T + fault_at + 2})
+    return ledger, jobs, attempts, workload, faults
+
+
+def test_checker_passes_a_rerun_after_its_worker_was_killed():
+    res = checker.check(*_rerun())
+    assert res.ok, res.evidence()
+
+
+@pytest.mark.parametrize("case", ["no fault", "fault on another node", "reaped before a lease could run out"])
+def test_checker_flags_a_rerun_without_a_lost_lease(case):
+    """A new attempt number only after a retry or a lost lease: a fault on the node that ran the attempt,
+    and at least RUN_LEASE after its last renewal (the reaper reaping a healthy attempt is caught)."""
+    hist = {"no fault": _rerun(fault_target=None), "fault on another node": _rerun(fault_target="w2"),
+            "reaped before a lease could run out": _rerun(second_at=2.2)}[case]
+    rules = {v.rule for v in checker.check(*hist).violations}
+    assert {"rerun_without_lost_lease", "lost_without_fault"} <= rules, rules
+
+
+def test_checker_flags_a_success_not_recorded():
+    """The task returned well (ledger end line) but its attempt row is not 'succeeded'; also when the job
+    completed through another attempt. A kill of its worker inside the completion window is excused."""
+    ledger, jobs, attempts, workload, faults = _history()
+    a = workload[0]["job"]
+    attempts[(a, 1)].update(outcome="lost", finished_at=T + 4.5)  # reaped a lease later
+    res = checker.check(ledger, jobs, attempts, workload, faults)
+    assert "success_not_recorded" in {v.rule for v in res.violations}, res.evidence()
+    faults.append({"kind": "kill", "target": "w1", "start": T + 0.25, "heal": T + 2})  # 0.05 s after the end line
+    res = checker.check(ledger, jobs, attempts, workload, faults)
+    assert res.ok, res.evidence()
+    assert res.stats["successes_lost_in_window"] == 1
+    # the attempt succeeded, but its one-off job is not completed
+    ledger, jobs, attempts, workload, faults = _history()
+    jobs[workload[0]["job"]] = {"status": "cancelled"}
+    assert "success_not_recorded" in {v.rule for v in checker.check(ledger, jobs, attempts, workload,
+                                                                    faults).violations}
+
+
+@pytest.mark.parametrize("start, dispatched, late", [(10.0, None, False), (13.0, None, True), (13.0, 1.0, False),
+                                                     (13.0, 12.8, True)])
+def test_checker_counts_lateness_from_the_fire_time(start, dispatched, late):
+    """A job due while a dispatcher is stalled for 14 s is dispatched within SHARD_LEASE/DISPATCH_LEASE
+    of the stall's start (plus reaper and slack), not within a bound counted from the stall's end; one
+    dispatched in time may then wait for a free worker slot (queue_wait)."""
+    ledger, jobs, attempts, workload, faults = _history()
+    a = workload[0]["job"]
+    ledger[0], ledger[1] = _start(a, 1, T + start, T), _start(a, 1, T + start + 0.1, T, ev="end")
+    attempts[(a, 1)] = _row("succeeded", T + start, T + start + 0.1, T)
+    if dispatched is not None:
+        attempts[(a, 1)]["dispatched_at"] = T + dispatched
+    faults.append({"kind": "stop", "target": "d1", "start": T - 1, "heal": T + 13})
+    res = checker.check(ledger, jobs, attempts, workload, faults)
+    assert ("late" in {v.rule for v in res.violations}) == late, res.evidence()
+    if late:
+        assert {v.blamed for v in res.violations} == {"stop"}

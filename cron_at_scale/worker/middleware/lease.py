@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from cron_at_scale import conf
 from cron_at_scale import sql as db
@@ -40,17 +41,29 @@ class Heartbeat:
         with self.lock:
             self.running.pop((str(ctx.job_id), ctx.attempt), None)
 
+    def warm(self) -> None:
+        """Connect this thread and prepare the heartbeat (it renews nothing): a cold heartbeat costs
+        the connection's and the statement's round trips too (about five), which on a slow link to
+        PostgreSQL would come out of the first lease of the process's first task."""
+        db.run("heartbeat", {"lease": float(conf.get("RUN_LEASE")), "job_ids": [], "attempts": []})
+
     def beat(self) -> None:
         """Renew the leases of the running attempts; flag the cancelled and the lost ones."""
         with self.lock:
             running = dict(self.running)
         if not running:
             return
+        lease, interval = float(conf.get("RUN_LEASE")), float(conf.get("HEARTBEAT_INTERVAL"))
+        t0 = time.monotonic()
         rows = db.run("heartbeat", {
-            "lease": float(conf.get("RUN_LEASE")),
+            "lease": lease,
             "job_ids": [k[0] for k in running],
             "attempts": [k[1] for k in running],
         })
+        took = time.monotonic() - t0
+        if took > (lease - interval) / 2:  # the lease holds while took < RUN_LEASE - HEARTBEAT_INTERVAL
+            log.warning("heartbeat of %d running attempts took %.1fs: the run lease (%.0fs) leaves %.1fs beyond "
+                        "the heartbeat interval (%.0fs)", len(running), took, lease, lease - interval, interval)
         for row in rows:
             ctx = running.get((str(row.job_id), row.attempt))
             if ctx is None:
@@ -66,7 +79,7 @@ class Heartbeat:
 def beat_on(thread_host, heartbeat: Heartbeat) -> Heartbeat:
     """Run ``heartbeat`` every ``HEARTBEAT_INTERVAL`` seconds (read when the thread starts) on the
     thread of ``thread_host`` (the process's :class:`~cron_at_scale.worker.attempts.BatchCompleter`)."""
-    thread_host.every(lambda: float(conf.get("HEARTBEAT_INTERVAL")), heartbeat.beat)
+    thread_host.every(lambda: float(conf.get("HEARTBEAT_INTERVAL")), heartbeat.beat, warm=heartbeat.warm)
     return heartbeat
 
 
@@ -76,6 +89,9 @@ class Lease(Middleware):
     def __init__(self, heartbeat: Heartbeat, start_thread) -> None:
         self.heartbeat = heartbeat
         self.start_thread = start_thread  # the writer's thread runs the heartbeat (beat_on)
+
+    def after_process_boot(self) -> None:
+        self.start_thread(warm=True)  # its heartbeat connected and prepared before the first task needs it
 
     def before_run(self, run: Run) -> None:
         assert run.ctx is not None
