@@ -428,15 +428,14 @@ def process_state(pid: int) -> str:
         return ""
 
 
-def test_dispatcher_stalled_inside_its_claim_transaction(env, tmp_path):
-    """A dispatcher SIGSTOPped with a claim's rows locked and not committed: the server ends its
-    transaction after the shard lease, the rows go back to pending, the peer that takes its shards
-    fires them; on SIGCONT the stalled one finds its claim gone and publishes none of it."""
+def _stall_a_dispatcher(env, tmp_path, point: str):
+    """Two dispatchers sharing the shards; d1 stops itself (SIGSTOP) at failpoint ``point`` of its next
+    claim with rows, a 400-job burst due together. Returns the system, d1, t0 and when it stopped."""
     trigger = tmp_path / "stall-d1"
     s = env.system(STALL)
     s.worker("wa")
     s.worker("wb")
-    d1 = s.dispatcher("d1", failpoints=f"dispatcher.in_claim=stop:{trigger}")
+    d1 = s.dispatcher("d1", failpoints=f"{point}=stop:{trigger}")
     s.dispatcher("d2")
     s.wait_workers(["wa", "wb"])
     deadline = time.monotonic() + 30
@@ -447,9 +446,16 @@ def test_dispatcher_stalled_inside_its_claim_transaction(env, tmp_path):
     trigger.touch()  # d1 stops itself at its next claim that locked rows
     schedule_once(env.db, burst(400, 0.05, start=1.5))  # due together: the stalled claim takes a full batch
     while process_state(d1.pid) != "T":
-        assert time.monotonic() < t0 + 20, f"d1 never stalled in its claim:\n{s.log('d1')}"
+        assert time.monotonic() < t0 + 20, f"d1 never stalled at {point}:\n{s.log('d1')}"
         time.sleep(0.02)
-    stalled_at = time.monotonic()
+    return s, d1, t0, time.monotonic()
+
+
+def test_dispatcher_stalled_inside_its_claim_transaction(env, tmp_path):
+    """A dispatcher SIGSTOPped with a claim's rows locked and not committed: the server ends its
+    transaction after the shard lease, the rows go back to pending, the peer that takes its shards
+    fires them; on SIGCONT the stalled one finds its claim gone and publishes none of it."""
+    s, d1, t0, stalled_at = _stall_a_dispatcher(env, tmp_path, "dispatcher.in_claim")
     # the rows d1 holds: pending for everyone else, yet not lockable
     locked = env.db.one("""SELECT (SELECT count(*) FROM cron_at_scale_job WHERE status = 'pending')
                                 - (SELECT count(*) FROM (SELECT 1 FROM cron_at_scale_job WHERE status = 'pending'
@@ -468,6 +474,21 @@ def test_dispatcher_stalled_inside_its_claim_transaction(env, tmp_path):
     assert env.db.q("SELECT max(attempts), sum(lost_attempts) FROM cron_at_scale_job")[0] == (1, 0)
     assert r.lost_attempts == 0 and r.reexecuted_jobs == 0
     assert locked > 0, "the stall held no rows: the scenario tested nothing"
+
+
+def test_dispatcher_stalled_between_its_claim_and_its_publish(env, tmp_path):
+    """Stalled after its claim committed, before publishing: its attempts are reaped after their
+    dispatch lease and fired again by the peer; what it sends on SIGCONT finds them lost and is skipped."""
+    s, d1, t0, stalled_at = _stall_a_dispatcher(env, tmp_path, "dispatcher.after_claim")
+    claimed = env.db.one("SELECT count(*) FROM cron_at_scale_job WHERE locked_by = 'd1' AND status = 'in_progress'")
+    sleep_until(stalled_at, 15.0)  # past the dispatch lease (6 s) and a reaper pass
+    os.kill(d1.pid, signal.SIGCONT)
+    r = finish(env, s, "9b dispatcher stalled between claim and publish (SIGSTOP 15 s)", t0, timeout=60,
+               extra={"stall_s": 15.0, "dispatch_lease_s": STALL["DISPATCH_LEASE"], "claimed_then_stalled": claimed},
+               max_lateness=STALL["DISPATCH_LEASE"] + 5.0)  # + the reaper, a loaded box's queue
+    assert claimed > 0, "the stall held no claim: the scenario tested nothing"
+    assert r.lost_attempts >= claimed and r.reexecuted_jobs == 0  # every stale message skipped, none ran
+    assert s.alive("d1")
 
 
 # ---------------------------------------------------------------------------
