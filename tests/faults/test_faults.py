@@ -600,22 +600,34 @@ def test_an_attempt_started_before_a_postgres_crash_never_runs_again_under_its_n
     under the same number."""
     if env.pg.restart is None:
         pytest.skip(f"no private PostgreSQL cluster to crash ({env.pg.why_private_failed})")
-    # Nothing else may flush the WAL between a start and the kill: no autovacuum, the dispatcher's
-    # synchronous writes (its shard leases, every SHARD_LEASE / 4) and the worker's health row rare.
+    # Nothing else may flush the WAL between a claim and the kill: no autovacuum, the dispatcher's
+    # synchronous writes (its shard leases, every SHARD_LEASE / 4) and the worker's health row rare,
+    # no look-ahead (the claim comes at the fire_at, the start milliseconds later), and each round
+    # starts once the last one's runs are over (the reaper's commits are synchronous).
     env.db.q("ALTER SYSTEM SET autovacuum = off")
     env.db.q("SELECT pg_reload_conf()")
     stopped: list[int] = []
+
+    def idle() -> bool:
+        return env.db.one("""SELECT count(*) FROM cron_at_scale_job WHERE status IN ('pending', 'in_progress')""") == 0 \
+            and env.db.one("SELECT count(*) FROM cron_at_scale_jobattempt WHERE finished_at IS NULL") == 0
+
     try:
-        s = env.system({**BASE, "SHARD_LEASE": 120.0, "WORKER_HEARTBEAT_INTERVAL": 60.0})
-        s.worker("wa", concurrency=1)
+        s = env.system({**BASE, "SHARD_LEASE": 120.0, "WORKER_HEARTBEAT_INTERVAL": 60.0, "LOOKAHEAD": 0.0})
+        # Two pool slots: a claim lost in the crash is claimed again under the same number and the
+        # free slot starts it while the first run still sleeps (its completion would otherwise close
+        # the attempt claimed again, and hide the second run).
+        s.worker("wa", concurrency=2)
         s.dispatcher("d1")
         s.wait_workers(["wa"])
         ledger = tmp_path / "ledger.txt"
         crashes = 0
         for round_ in range(3):
-            time.sleep(2.0)  # past the processes' start-up and reconnection writes
+            faultkit._wait(idle, 60, "the last round's runs to end")
+            time.sleep(1.5)  # past the processes' start-up, reconnection and completion writes
             stopped = _stop_flushers(env.db)
-            (job,) = schedule_once(env.db, [(0.5, "demo.tasks.ledger", {"path": str(ledger), "seconds": 3})])
+            # due after its insert and its expectation row (two commits of this process) are in
+            (job,) = schedule_once(env.db, [(1.0, "demo.tasks.ledger", {"path": str(ledger), "seconds": 6})])
             deadline = time.monotonic() + 30
             while not any(j == job for j, _ in _ledger(ledger)) and time.monotonic() < deadline:
                 time.sleep(0.002)
