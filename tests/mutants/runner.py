@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -80,8 +81,10 @@ def stale(mutant: Mutant, root: Path = REPO) -> list[str]:
     return out
 
 
-def make_copy(dest: Path, mutant: Mutant | None = None, src: Path = REPO) -> Path:
-    """The repository copied to ``dest`` (no venv, no data), instrumented, with ``mutant`` planted."""
+def make_copy(dest: Path, mutant: Mutant | None = None, src: Path = REPO,
+              tamper: Callable[[Path], None] | None = None) -> Path:
+    """The repository copied to ``dest`` (no venv, no data), instrumented, with ``mutant`` planted;
+    ``tamper(copy)`` changes it further (the self-tests: a copy whose children import another package)."""
     shutil.copytree(src, dest, ignore=_IGNORE, symlinks=True)
     if mutant is not None:
         problems = stale(mutant, dest)
@@ -94,6 +97,8 @@ def make_copy(dest: Path, mutant: Mutant | None = None, src: Path = REPO) -> Pat
     init = dest / "cron_at_scale" / "__init__.py"
     init.write_text(init.read_text() + _INSTRUMENT)
     (dest / f"{PLUGIN}.py").write_text(_OUTCOMES)
+    if tamper is not None:
+        tamper(dest)
     return dest
 
 
@@ -205,3 +210,37 @@ def import_problems(run: Run, copy: Path, spawns: tuple[str, ...]) -> list[str]:
         if not any(word in " ".join(i["argv"]) for i in run.imports):
             out.append(f"no {word} process imported cron_at_scale from the copy")
     return out
+
+
+@dataclass
+class Judgement:
+    """What planting one mutant came to: ``verdict`` is "killed", "survived" (a killer passed),
+    "not planted" (a process ran something else than the copy), "exit N" (pytest's exit code
+    N other than 0 and 1: a collection or usage error, a timeout) or "not run" (no killer ran:
+    pytest itself failed to start, which exits 1 too)."""
+
+    verdict: str
+    run: Run
+    survived: list[str]  # killers that did not fail in their call
+    import_problems: list[str]
+
+
+def judge(mutant: Mutant, timeout: float, tamper: Callable[[Path], None] | None = None) -> Judgement:
+    """Plant ``mutant`` in a fresh copy, run its killers there, and judge the run (the copy is removed)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"cas-mutant-{mutant.id}-"))
+    try:
+        copy = make_copy(tmp / "repo", mutant, tamper=tamper)  # raises if the mutant is stale
+        run = run_tests(copy, list(mutant.killers), timeout=timeout)
+        problems = import_problems(run, copy, mutant.spawns)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    survived = [k for k in mutant.killers if not run.failed(k)]
+    if problems:
+        verdict = "not planted"
+    elif run.code not in (0, 1):
+        verdict = f"exit {run.code}"
+    elif not any(run.matching(k) for k in mutant.killers):
+        verdict = "not run"  # exit 1 from a traceback before any test ran (pytest itself failed to start)
+    else:
+        verdict = "killed" if run.code == 1 and not survived else "survived"
+    return Judgement(verdict, run, survived, problems)

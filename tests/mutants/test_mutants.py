@@ -5,8 +5,8 @@ Per mutant (``table.py``): the repository is copied to a temp dir, the bug plant
 there by pytest in a subprocess, with the copy first on every process's import path (``runner.py``
 checks that each process, the workers and dispatchers the tests start included, imported the copy).
 The mutant is killed when that run exits 1 (tests failed) and each killer failed in its call; a
-collection or usage error (exit 2-5), a setup error, or a killer that passed fails this test with the
-output. A killer must pass unmutated: earlier in this session, or else in one unmutated copy run
+collection or usage error (exit 2-5), pytest failing to start, a setup error, or a killer that passed
+fails this test with the output. A killer must pass unmutated: earlier in this session, or else in one unmutated copy run
 first for all of them, so a proof that fails anyway kills nothing.
 """
 
@@ -21,7 +21,7 @@ import pytest
 
 from mutants import runner
 from mutants.conftest import RESULTS, SESSION
-from mutants.table import MUTANTS, Mutant
+from mutants.table import BY_ID, MUTANTS, WORKER_SQL, Edit, Mutant
 
 RUN_TIMEOUT = 400.0  # seconds for one run of a mutant's killers (the slowest takes ~60 s on a loaded box)
 
@@ -113,23 +113,61 @@ def test_the_proof_of_its_promise_fails_on_the_planted_bug(mutant: Mutant, basel
         if verdict == "skipped":
             pytest.skip(f"mutant {mutant.id}: {detail}")
         assert verdict == "passed", f"mutant {mutant.id}: a proof that fails unmutated kills nothing: {detail}"
-    tmp = Path(tempfile.mkdtemp(prefix=f"cas-mutant-{mutant.id}-"))
-    try:
-        copy = runner.make_copy(tmp / "repo", mutant)  # raises if the mutant is stale
-        run = runner.run_tests(copy, list(mutant.killers), timeout=RUN_TIMEOUT)
-        problems = runner.import_problems(run, copy, mutant.spawns)
-        survived = [k for k in mutant.killers if not run.failed(k)]
-        verdict = "killed" if run.code == 1 and not survived and not problems else (
-            "survived" if run.code in (0, 1) else f"exit {run.code}")
-        RESULTS.append({"id": mutant.id, "promise": mutant.promise, "killers": list(mutant.killers),
-                        "seconds": run.seconds, "cpu": run.cpu_seconds, "verdict": verdict,
-                        "baseline_s": baseline.seconds})
-        print(f"[mutants] {mutant.id} (promise {mutant.promise}) {verdict} by {', '.join(mutant.killers)} "
-              f"in {run.seconds:.1f} s (cpu {run.cpu_seconds:.1f} s): {run.first_error()[:200]}")
-        assert not problems, f"mutant {mutant.id}: the run did not import the mutant: {problems}\n{run.tail()}"
-        assert run.code in (0, 1), (f"mutant {mutant.id}: pytest ended with exit code {run.code} (not test failures: "
-                                    f"a collection or usage error, or a timeout):\n{run.tail()}")
-        assert not survived, (f"mutant {mutant.id} ({mutant.what}) survived: these proofs did not fail: {survived}; "
-                              f"outcomes {[run.matching(k) for k in survived]}\n{run.tail()}")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    j = runner.judge(mutant, RUN_TIMEOUT)
+    run = j.run
+    RESULTS.append({"id": mutant.id, "promise": mutant.promise, "killers": list(mutant.killers),
+                    "seconds": run.seconds, "cpu": run.cpu_seconds, "verdict": j.verdict,
+                    "baseline_s": baseline.seconds})
+    print(f"[mutants] {mutant.id} (promise {mutant.promise}) {j.verdict} by {', '.join(mutant.killers)} "
+          f"in {run.seconds:.1f} s (cpu {run.cpu_seconds:.1f} s): {run.first_error()[:200]}")
+    assert not j.import_problems, f"mutant {mutant.id}: the run did not run the mutant: {j.import_problems}\n{run.tail()}"
+    assert run.code in (0, 1) and j.verdict != "not run", (
+        f"mutant {mutant.id}: pytest ended with exit code {run.code}, {j.verdict} (not test failures: a "
+        f"collection or usage error, a timeout, or pytest failed to start):\n{run.tail()}")
+    assert not j.survived, (f"mutant {mutant.id} ({mutant.what}) survived: these proofs did not fail: {j.survived}; "
+                            f"outcomes {[run.matching(k) for k in j.survived]}\n{run.tail()}")
+    assert j.verdict == "killed"
+
+
+# -- the judge itself can fail: a harmless edit survives, a broken package is no kill, a child that
+# -- imports another package is caught (each with a fast killer)
+
+_FAST = "tests/integration/test_sql.py::test_a_start_before_its_fire_at_by_the_database_clock_is_refused_and_says_how_early"
+_REAL_WORKER = "tests/acceptance/test_dispatcher_loop.py::test_a_job_cancelled_after_its_claim_is_skipped_and_recorded"
+
+
+@pytest.mark.mutants
+def test_a_harmless_edit_survives():
+    harmless = Mutant("harmless", 4, "a comment changed", (Edit(WORKER_SQL, "-- Nothing starts before its scheduled_at",
+                                                                 "-- Nothing at all starts before its scheduled_at"),),
+                      (_FAST,))
+    j = runner.judge(harmless, RUN_TIMEOUT)
+    assert j.verdict == "survived" and j.survived == [_FAST] and j.run.code == 0, (j.verdict, j.run.tail())
+
+
+@pytest.mark.mutants
+def test_a_package_that_does_not_import_is_not_a_kill():
+    broken = Mutant("broken", 4, "a syntax error", (Edit("cron_at_scale/sql/__init__.py", "import functools\n",
+                                                         "import functools(\n"),), (_FAST,))
+    j = runner.judge(broken, RUN_TIMEOUT)
+    # pytest-django imports the package at start: pytest fails to start (exit 1, no test run)
+    assert j.verdict in ("not run", "exit 2", "exit 3", "exit 4", "exit 5") and not j.run.failed(_FAST), (
+        j.verdict, j.run.tail())
+
+
+@pytest.mark.mutants
+def test_a_child_that_imports_the_real_package_is_caught():
+    # The cancel bug planted, but the workers the killer starts get the real repository first on their
+    # path: they run the real package, the killer passes, and the judge must say why.
+    cancel = BY_ID["G"]
+
+    def real_package_first(copy: Path) -> None:
+        path = copy / "example_project" / "demo" / "runner.py"
+        text = path.read_text()
+        old = "PYTHONPATH=os.pathsep.join([str(REPO_DIR), "
+        assert old in text
+        path.write_text(text.replace(old, f"PYTHONPATH=os.pathsep.join([{str(runner.REPO)!r}, str(REPO_DIR), "))
+
+    j = runner.judge(cancel, RUN_TIMEOUT, tamper=real_package_first)
+    assert j.verdict == "not planted", (j.verdict, j.import_problems, j.run.tail())
+    assert any("celery" in p for p in j.import_problems), j.import_problems
