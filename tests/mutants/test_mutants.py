@@ -6,8 +6,8 @@ there by pytest in a subprocess, with the copy first on every process's import p
 checks that each process, the workers and dispatchers the tests start included, imported the copy).
 The mutant is killed when that run exits 1 (tests failed) and each killer failed in its call; a
 collection or usage error (exit 2-5), pytest failing to start, a setup error, or a killer that passed
-fails this test with the output. A killer must pass unmutated: earlier in this session, or else in one unmutated copy run
-first for all of them, so a proof that fails anyway kills nothing.
+fails this test with the output. A killer must pass unmutated: earlier in this session, or else in
+one unmutated copy run first for all of them, so a proof that fails anyway kills nothing.
 """
 
 from __future__ import annotations
