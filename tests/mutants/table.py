@@ -136,6 +136,17 @@ MUTANTS: tuple[Mutant, ...] = (
            (Edit(WORKER_SQL, "WHERE j.cancel_requested\nUNION ALL", "WHERE false\nUNION ALL"),),
            ("tests/acceptance/test_worker_retry_policy.py::test_cancelling_a_running_job_reaches_it_through_the_heartbeat",),
            BOTH),
+    Mutant("P", 1, "a redelivered message of a run that started and was reaped takes over the attempt fired again",
+           (Edit(WORKER_SQL, "      AND (r.outcome = 'dispatched' OR (r.outcome = 'lost' AND r.started_at IS NULL)\n",
+                 "      AND (r.outcome = 'dispatched' OR r.outcome = 'lost'\n"),),
+           ("tests/integration/test_maintenance_reaper.py::test_only_a_message_lost_before_any_start_takes_over",)),
+    Mutant("Q", 3, "a run that kills its pool process is left to its lease: counted lost, not failed by its policy",
+           (Edit("cron_at_scale/worker/lost.py",
+                 "    request = _requests.pop(task_id, None)  # popped: Celery 5.7 reports a hard time limit twice\n",
+                 "    return\n    request = _requests.pop(task_id, None)\n"),),
+           ("tests/acceptance/test_worker_lost.py::"
+            "test_a_run_that_sigkills_its_process_fails_with_that_cause_by_its_retry_policy",),
+           ("celery",)),
 )
 
 BY_ID = {m.id: m for m in MUTANTS}
