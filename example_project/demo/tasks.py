@@ -99,21 +99,28 @@ def retry_self(self, times: int = 1):
     record()
 
 
-@shared_task
-def ledger(path: str, seconds: float = 0.0):
-    """Append this run's ``job_id attempt pid unix_time`` to the file ``path`` (fsync'd) before
-    anything else, then sleep ``seconds``: a record of executions that shares nothing with the
-    jobs' database, so a crash of that database cannot hide a run."""
+def _ledger_line(path: str, *extra: str) -> None:
     job = current_job()
-    line = f"{job.job_id if job else '-'} {job.attempt if job else '-'} {os.getpid()} {time.time():.6f}\n"
+    words = [str(job.job_id) if job else "-", str(job.attempt) if job else "-", str(os.getpid()), f"{time.time():.6f}"]
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line.encode())
+        os.write(fd, (" ".join([*words, *extra]) + "\n").encode())
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@shared_task
+def ledger(path: str, seconds: float = 0.0, end: bool = False):
+    """Append this run's ``job_id attempt pid unix_time`` to the file ``path`` (fsync'd) before
+    anything else, then sleep ``seconds``: a record of executions that shares nothing with the
+    jobs' database, so a crash of that database cannot hide a run. ``end``: after the sleep, append
+    the same line ending in ``end`` (the run returned)."""
+    _ledger_line(path)
     if seconds:
         time.sleep(float(seconds))
+    if end:
+        _ledger_line(path, "end")
 
 
 # Tasks declared with Celery's retry options, run both as plain Celery tasks (``apply_async``) and

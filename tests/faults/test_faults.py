@@ -14,6 +14,7 @@ docs/faults.md for the figures.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -725,46 +726,219 @@ def test_poison_task_ends_failed_by_its_retry_policy(env):
 
 
 def _ledger(path) -> list[tuple[str, int]]:
+    """The runs a file ledger (``demo.tasks.ledger``) holds: (job, attempt) per start, in order."""
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
         return []
-    return [(job, int(attempt)) for job, attempt, *_ in (line.split() for line in lines)]
+    return [(job, int(attempt)) for job, attempt, *rest in (line.split() for line in lines) if rest[-1:] != ["end"]]
+
+
+def _ledger_ends(path) -> list[tuple[str, int]]:
+    """The runs of a file ledger that returned (``end=True``)."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [(job, int(attempt)) for job, attempt, *rest in (line.split() for line in lines) if rest[-1:] == ["end"]]
+
+
+# What flushes WAL on its own: a commit with synchronous_commit off waits in the WAL buffers for these
+# (the WAL writer within milliseconds; the others write data pages, whose WAL goes first).
+FLUSHERS = ("walwriter", "background writer", "checkpointer")
+
+
+def _stop_flushers(db) -> list[int]:
+    """SIGSTOP the cluster's WAL writer, background writer and checkpointer; their pids."""
+    pids = [pid for (pid,) in db.q("SELECT pid FROM pg_stat_activity WHERE backend_type = ANY(%s)", (list(FLUSHERS),))]
+    assert len(pids) == len(FLUSHERS), f"expected a {FLUSHERS} each, found pids {pids}"
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    return pids
+
+
+def _cluster_pids(pg) -> list[int]:
+    """The postmaster of the private cluster and every process it started."""
+    postmaster = int((pg.data / "postmaster.pid").read_text().split()[0])
+    pids = [postmaster]
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == postmaster:
+                pids.append(int(entry))
+    return pids
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _crash(pg) -> None:
+    """Kill every process of the cluster at once, as a power cut kills a server: stopped first, so that
+    none writes out anything on its way down, then SIGKILLed. What was in the WAL buffers is lost;
+    what was written to the operating system survives (fsync=off loses nothing more here)."""
+    pids = _cluster_pids(pg)
+    for sig in (signal.SIGSTOP, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    faultkit._wait(lambda: all(_gone(p) for p in pids), 30, "the killed cluster's processes to go")
+    # Lock files naming a dead postmaster (maybe a zombie, which a pid check takes for alive).
+    for lock in [pg.data / "postmaster.pid", *pg.dir.glob(".s.PGSQL.*.lock")]:
+        lock.unlink(missing_ok=True)
 
 
 def test_an_attempt_started_before_a_postgres_crash_never_runs_again_under_its_number(env, tmp_path):
     """The attempt number is a fencing token, PostgreSQL crashes included: the start of an attempt is
-    durable before the task runs. Counted in a file ledger, since a task writing to the jobs' own
-    PostgreSQL would flush the scheduler's unflushed writes with its own commit."""
+    durable before the task runs. Before each job the cluster's WAL writer, background writer and
+    checkpointer are stopped (SIGSTOP), so that a commit not flushed by its own transaction stays in
+    the WAL buffers; the moment the task has started (a file ledger outside PostgreSQL), every process
+    of the cluster is killed (SIGKILL) and the cluster started again: crash recovery replays only the
+    flushed WAL. An asynchronous start would be lost with its claim, and the job claimed and run again
+    under the same number."""
     if env.pg.restart is None:
         pytest.skip(f"no private PostgreSQL cluster to crash ({env.pg.why_private_failed})")
-    # Asynchronous commits wait up to 10 s in the WAL buffers (the WAL writer's longest delay);
-    # the dispatcher's own synchronous writes (its heartbeat) come every SHARD_LEASE / 4 = 30 s.
-    env.db.q("ALTER SYSTEM SET wal_writer_delay = '10s'")
+    # Nothing else may flush the WAL between a claim and the kill: no autovacuum, the dispatcher's
+    # synchronous writes (its shard leases, every SHARD_LEASE / 4) and the worker's health row rare,
+    # no look-ahead (the claim comes at the fire_at, the start milliseconds later), and each round
+    # starts once the last one's runs are over (the reaper's commits are synchronous).
+    env.db.q("ALTER SYSTEM SET autovacuum = off")
     env.db.q("SELECT pg_reload_conf()")
+    stopped: list[int] = []
+
+    def idle() -> bool:
+        return env.db.one("""SELECT count(*) FROM cron_at_scale_job WHERE status IN ('pending', 'in_progress')""") == 0 \
+            and env.db.one("SELECT count(*) FROM cron_at_scale_jobattempt WHERE finished_at IS NULL") == 0
+
     try:
-        s = env.system({**BASE, "SHARD_LEASE": 120.0})
-        s.worker("wa", concurrency=1)
+        s = env.system({**BASE, "SHARD_LEASE": 120.0, "WORKER_HEARTBEAT_INTERVAL": 60.0, "LOOKAHEAD": 0.0})
+        # Two pool slots: a claim lost in the crash is claimed again under the same number and the
+        # free slot starts it while the first run still sleeps (its completion would otherwise close
+        # the attempt claimed again, and hide the second run).
+        s.worker("wa", concurrency=2)
         s.dispatcher("d1")
         s.wait_workers(["wa"])
         ledger = tmp_path / "ledger.txt"
         crashes = 0
         for round_ in range(3):
-            time.sleep(2.0)  # past the dispatcher's start-up writes
-            (job,) = schedule_once(env.db, [(0.5, "demo.tasks.ledger", {"path": str(ledger), "seconds": 3})])
+            faultkit._wait(idle, 60, "the last round's runs to end")
+            time.sleep(1.5)  # past the processes' start-up, reconnection and completion writes
+            stopped = _stop_flushers(env.db)
+            # due after its insert and its expectation row (two commits of this process) are in
+            (job,) = schedule_once(env.db, [(1.0, "demo.tasks.ledger", {"path": str(ledger), "seconds": 6})])
             deadline = time.monotonic() + 30
             while not any(j == job for j, _ in _ledger(ledger)) and time.monotonic() < deadline:
-                time.sleep(0.005)
+                time.sleep(0.002)
             assert any(j == job for j, _ in _ledger(ledger)), f"round {round_}: the job did not run\n{s.logs()}"
-            env.pg.restart("immediate")  # the moment the task has started
+            _crash(env.pg)  # the moment the task has started
+            stopped = []
+            env.pg.start()
             env.db.q("SELECT 1")  # reconnect the test's own connection
             crashes += 1
         wait_settled(env.db, 90)
         time.sleep(2.0)  # a re-fire under a reused attempt number would run now
     finally:
-        env.db.q("ALTER SYSTEM RESET wal_writer_delay")
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        env.db.q("ALTER SYSTEM RESET autovacuum")
         env.db.q("SELECT pg_reload_conf()")
     runs = _ledger(ledger)
     twice = {pair: n for pair in set(runs) if (n := runs.count(pair)) > 1}
     assert crashes == 3 and not twice, f"(job, attempt) executed more than once: {twice}\n{runs}\n{s.logs()}"
     record(faultkit.Report(scenario="postgres crash right after a start", jobs=3, executions=len(runs)))
+
+
+# ---------------------------------------------------------------------------
+# Long tasks on healthy workers: kept by their heartbeat, never re-run
+# ---------------------------------------------------------------------------
+
+# A run lease of 3 s renewed every 0.5 s: a heartbeat may come 2.5 s late (a loaded box) before a lease lapses.
+HEALTHY = {**BASE, "RUN_LEASE": 3.0, "HEARTBEAT_INTERVAL": 0.5, "REAPER_INTERVAL": 0.25}
+
+
+def test_long_tasks_on_healthy_workers_run_once_under_their_first_attempt(env, tmp_path):
+    """A new attempt number only after a lost lease: tasks three run leases long, on workers that stay
+    healthy and keep beating, finish under attempt 1; none is reaped, none runs again (file ledger).
+    Free pool slots wait beside them, so that a run fired again would run at once."""
+    s = env.system(HEALTHY)
+    one_each = ["--prefetch-multiplier", "1"]
+    s.worker("wa", extra=one_each)
+    s.worker("wb", extra=one_each)
+    s.dispatcher("d1")
+    s.wait_workers(["wa", "wb"])
+    t0 = time.monotonic()
+    ledger = tmp_path / "ledger.txt"
+    seconds = 3 * HEALTHY["RUN_LEASE"]
+    jobs = schedule_once(env.db, [(0.5, "demo.tasks.ledger", {"path": str(ledger), "seconds": seconds, "end": True})] * 2)
+    wait_settled(env.db, 60)
+    time.sleep(1.5)  # a run fired again would start now
+    runs, ends = _ledger(ledger), _ledger_ends(ledger)
+    rows = env.db.q("SELECT attempts, lost_attempts, status FROM cron_at_scale_job WHERE id = ANY(%s::uuid[])", (jobs,))
+    lost = env.db.one("SELECT count(*) FROM cron_at_scale_jobattempt WHERE outcome = 'lost'")
+    report = faultkit.Report(scenario="long tasks (3 run leases), healthy workers", jobs=len(jobs),
+                             executions=len(runs), lost_attempts=lost, seconds=time.monotonic() - t0)
+    record(report)
+    assert sorted(runs) == sorted(ends) == sorted((j, 1) for j in jobs), (
+        f"a long task ran again, or not under attempt 1: starts {runs}, ends {ends}\n{s.logs()}")
+    assert rows == [(1, 0, "completed")] * 2 and lost == 0, f"jobs {rows}, lost attempts {lost}\n{s.logs()}"
+
+
+# ---------------------------------------------------------------------------
+# A worker stalled longer than RUN_LEASE mid-task: its success still counts
+# ---------------------------------------------------------------------------
+
+STALL = {**BASE, "RUN_LEASE": 2.0, "HEARTBEAT_INTERVAL": 0.5, "REAPER_INTERVAL": 0.25}
+
+
+def test_the_success_of_a_worker_stalled_past_its_run_lease_is_recorded(env, tmp_path):
+    """A success is never discarded: a worker stopped (SIGSTOP of its process group, as a VM pause
+    does) in the middle of a task for longer than RUN_LEASE is reaped, its job fired again; resumed,
+    its run returns, and that success is recorded on its attempt and completes the job. The runs
+    are counted in a file ledger; no (job, attempt) runs twice."""
+    s = env.system(STALL)
+    s.worker("wa", concurrency=1, extra=["--prefetch-multiplier", "1"])
+    s.dispatcher("d1")
+    s.wait_workers(["wa"])
+    t0 = time.monotonic()
+    ledger = tmp_path / "ledger.txt"
+    (job,) = schedule_once(env.db, [(0.5, "demo.tasks.ledger", {"path": str(ledger), "seconds": 3, "end": True})])
+    faultkit._wait(lambda: (job, 1) in _ledger(ledger), 30, "the task to start")
+    time.sleep(0.5)  # mid-task, a heartbeat or so in
+    pgid = s.procs["wa"].pid
+    os.killpg(pgid, signal.SIGSTOP)
+    try:
+        # Reaped and fired again while the worker stands still: attempt 1 lost, attempt 2 dispatched.
+        faultkit._wait(lambda: env.db.q("SELECT attempt, outcome FROM cron_at_scale_jobattempt WHERE job_id = %s "
+                                        "ORDER BY attempt", (job,))[:2] == [(1, "lost"), (2, "dispatched")],
+                       STALL["RUN_LEASE"] + 20, "the stalled attempt to be reaped and fired again")
+        stalled_for = time.monotonic() - t0
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
+    faultkit._wait(lambda: (job, 1) in _ledger_ends(ledger), 30, "the resumed task to return")
+    wait_settled(env.db, 30)
+    # The run fired again may have started too (its start carried the success, read the job as it was):
+    # a new attempt number, which at-least-once allows; it ends like any run.
+    faultkit._wait(lambda: env.db.one("SELECT count(*) FROM cron_at_scale_jobattempt WHERE job_id = %s "
+                                      "AND finished_at IS NULL", (job,)) == 0, 30, "every attempt to end")
+    time.sleep(1.0)  # a duplicate of a message would land now
+    attempts = env.db.q("SELECT attempt, outcome FROM cron_at_scale_jobattempt WHERE job_id = %s ORDER BY attempt",
+                        (job,))
+    status = env.db.one("SELECT status FROM cron_at_scale_job WHERE id = %s", (job,))
+    runs = _ledger(ledger)
+    record(faultkit.Report(scenario="worker stalled > RUN_LEASE mid-task", jobs=1, executions=len(runs),
+                           lost_attempts=sum(1 for _, o in attempts if o == "lost"), seconds=time.monotonic() - t0,
+                           extra={"stalled_s": round(stalled_for, 1), "attempts": [o for _, o in attempts]}))
+    assert len(runs) == len(set(runs)), f"a (job, attempt) ran twice: {runs}"
+    assert attempts[0] == (1, "succeeded"), f"the stalled run's success was not recorded: {attempts}\n{s.logs()}"
+    # The run fired again: skipped if the success was written first, else it ran.
+    assert all(o in ("skipped", "succeeded") for _, o in attempts[1:]), attempts
+    assert status == "completed", f"job {status}, attempts {attempts}\n{s.logs()}"
