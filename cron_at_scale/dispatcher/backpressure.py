@@ -50,6 +50,8 @@ from typing import Any
 from celery import Celery
 from kombu.common import Broadcast
 
+from cron_at_scale.ops import metrics
+
 log = logging.getLogger(__name__)
 
 OK, FULL, NO_CONSUMER, UNKNOWN, PACED = "ok", "full", "no consumer", "unknown", "paced"
@@ -255,6 +257,8 @@ class QueueGate:
             state = self._pace(name, state, now)
             old = self.states.get(name)
             self.states[name] = state
+            if name in self.drain:
+                metrics.observe_pace(name, state.state == PACED, self.drain[name])
             if old is None or old.held != state.held:
                 self._params = None
                 if PACED in (state.state, old.state if old else None) and not (old and old.state == FULL):
@@ -320,6 +324,7 @@ class QueueGate:
                     and seen[1] + self._sent[name] >= self.allowance(name):
                 self.states[name] = QueueState(name, seen[1] + self._sent[name], state.consumers, PACED, True)
                 self._params = None
+                metrics.observe_pace(name, True, self.drain.get(name))
 
     def claim_limit(self, batch: int) -> int:
         """At most ``batch`` rows, nor more than the room left in a paced queue that has a backlog

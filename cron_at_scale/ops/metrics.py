@@ -37,7 +37,7 @@ import os
 import threading
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,10 @@ BATCH_SIZE = Histogram("cron_claim_batch_jobs", "Runs claimed per claim statemen
 DISPATCH_SECONDS = Histogram("cron_dispatch_seconds", "Claim plus publish of one batch, seconds.",
                              buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                              registry=REGISTRY)
+QUEUE_PACED = Gauge("cron_queue_paced", "1 while this dispatcher holds a queue's jobs in the database because "
+                    "its backlog is MAX_QUEUE_WAIT of its consumers' work.", ["queue"], registry=REGISTRY)
+QUEUE_DRAIN = Gauge("cron_queue_drain_rate", "Messages per second this dispatcher measured a queue's consumers "
+                    "take (while it had a backlog).", ["queue"], registry=REGISTRY)
 FIRING_LAG = Histogram("cron_firing_lag_seconds", "Scheduled fire_at to attempt start (observed by the worker).",
                        buckets=LAG_BUCKETS, registry=REGISTRY)
 
@@ -100,6 +104,13 @@ def observe_dead_lettered(n: int = 1) -> None:
     """Dispatcher or worker: ``n`` jobs failed for good (announced on the DLQ)."""
     if n:
         DEAD_LETTERED.inc(n)
+
+
+def observe_pace(queue: str, paced: bool, drain: float | None) -> None:
+    """Dispatcher: queue ``queue`` is paced or not; ``drain``: its consumers' measured messages/s."""
+    QUEUE_PACED.labels(queue).set(1 if paced else 0)
+    if drain is not None:
+        QUEUE_DRAIN.labels(queue).set(drain)
 
 
 def observe_start(lag_seconds: float) -> None:
@@ -211,7 +222,8 @@ class DatabaseCollector:
         yield idle
         yield stuck
         held = GaugeMetricFamily("cron_queue_held", "1 while the dispatchers hold a broker queue's jobs in the "
-                                 "database: it is full (over MAX_BROKER_DEPTH) or has no consumer.",
+                                 "database: it is full (over MAX_BROKER_DEPTH), paced (MAX_QUEUE_WAIT of its consumers' work "
+                                 "waits in it) or has no consumer.",
                                  labels=["queue", "state"])
         messages = GaugeMetricFamily("cron_queue_messages", "Messages waiting in a broker queue.", labels=["queue"])
         consumers = GaugeMetricFamily("cron_queue_consumers", "Consumers of a broker queue (Redis: live workers "

@@ -636,10 +636,11 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
-def group_rss_mb(pgid: int) -> float:
-    """Resident memory of process group ``pgid``, in MiB, from /proc (shared pages counted per process)."""
+def group_rss_mb(pgid: int, only: int | None = None) -> float:
+    """Resident memory of process group ``pgid`` (of its process ``only``, if given), in MiB, from
+    /proc (shared pages counted per process)."""
     total = 0
-    for pid in group_pids(pgid):
+    for pid in group_pids(pgid) if only is None else [only]:
         with contextlib.suppress(OSError):
             with open(f"/proc/{pid}/statm") as f:
                 total += int(f.read().split()[1])

@@ -549,11 +549,12 @@ def test_sustained_overload_does_not_amplify(env):
     wait_settled(env.db, 120)
     capacity = 200 / (time.monotonic() - t)
     pgid = s.procs["wa"].pid
-    rss0, cpu0 = faultkit.group_rss_mb(pgid), faultkit.group_cpu_s(pgid)
+    rss0, cpu0, main0 = faultkit.group_rss_mb(pgid), faultkit.group_cpu_s(pgid), faultkit.group_rss_mb(pgid, pgid)
     n = int(2 * capacity * OVERLOAD_SECONDS)
     t0 = time.monotonic()
     with faultkit.Sampler(lambda: faultkit.broker_depth(env.redis.client())) as depth, \
-            faultkit.Sampler(lambda: faultkit.group_rss_mb(pgid), interval=1.0) as rss:
+            faultkit.Sampler(lambda: faultkit.group_rss_mb(pgid), interval=1.0) as rss, \
+            faultkit.Sampler(lambda: faultkit.group_rss_mb(pgid, pgid), interval=1.0) as main:
         schedule_once(env.db, burst(n, OVERLOAD_SECONDS, task=task, kw=kw))
         time.sleep(OVERLOAD_SECONDS)
         settled = wait_settled(env.db, 600) + OVERLOAD_SECONDS
@@ -565,7 +566,8 @@ def test_sustained_overload_does_not_amplify(env):
     lease, batch = BASE["DISPATCH_LEASE"], BASE["BATCH_SIZE"]
     figures = {"capacity_per_s": round(capacity, 1), "overload_jobs": n, "fires_per_job": round(fires / n, 3),
                "lost_unstarted": lost_unstarted, "stale_on_broker": stale, "broker_peak": int(depth.peak),
-               "worker_rss_mb": f"{rss0:.0f}->{rss.peak:.0f}", "worker_cpu_ms_per_job": round(1000 * cpu / n, 2),
+               "worker_rss_mb": f"{rss0:.0f}->{rss.peak:.0f}", "of_which_main_mb": f"{main0:.0f}->{main.peak:.0f}",
+               "worker_cpu_ms_per_job": round(1000 * cpu / n, 2),
                "drained_s": round(settled, 1)}
     r = finish(env, s, "overload: 2x capacity", t0, timeout=60, extra=figures)
     assert r.jobs == n + 200

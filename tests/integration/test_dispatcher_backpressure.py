@@ -189,6 +189,8 @@ def test_a_queue_is_paced_to_what_its_consumers_drain(broker):
         gate.refresh(now=101.0)
         assert gate.drain["paced"] == 10 and gate.states["paced"].state == "paced" and gate.held("paced")
         assert "paced" in gate.claim_params()["held_queues"]
+        scrape = metrics.render().decode()
+        assert 'cron_queue_paced{queue="paced"} 1.0' in scrape and 'cron_queue_drain_rate{queue="paced"} 10.0' in scrape
         assert not gate.held("unpaced")  # drained 40 too, but nobody consumes it per the health rows
         r.rpop("paced", 15)  # 15/s now (12.5/s smoothed: 25 may wait); 15 do
         gate.refresh(now=102.0)
