@@ -360,21 +360,13 @@ class QueueGate:
         ``queue`` column, whose route differs from that: held if ``held_blank`` is false, not held
         if it is true)."""
         if self._params is None:
-            self._params = self._selection({n for n, s in self.states.items() if s.held})
+            held = {n for n, s in self.states.items() if s.held}
+            default = self.destination("", "")
+            held_blank = default in held
+            queues = sorted(held | {q for (_t, q), n in self.routes.items() if q and n in held})
+            tasks = sorted({t for (t, q), n in self.routes.items() if t and not q and (n in held) != held_blank})
+            self._params = {"held_queues": queues, "held_blank": held_blank, "blank_tasks": tasks}
         return self._params
-
-    def paced_params(self) -> dict[str, Any]:
-        """The queues being paced, in the shape of :meth:`claim_params` (``held_queues``,
-        ``held_blank``, ``blank_tasks``): the reaper leaves the unstarted attempts bound for them
-        waiting their turn (``reap`` in sql/maintenance.sql)."""
-        return self._selection({n for n, s in self.states.items() if s.state == PACED})
-
-    def _selection(self, held: set[str]) -> dict[str, Any]:
-        default = self.destination("", "")
-        held_blank = default in held
-        queues = sorted(held | {q for (_t, q), n in self.routes.items() if q and n in held})
-        tasks = sorted({t for (t, q), n in self.routes.items() if t and not q and (n in held) != held_blank})
-        return {"held_queues": queues, "held_blank": held_blank, "blank_tasks": tasks}
 
     def close(self) -> None:
         self.probe.close()

@@ -89,7 +89,7 @@ class Dispatcher:
         # re-fired runs go out through this dispatcher's sender; they keep an expiring fire_at, maybe
         # below a floor: the claim's floors are reset after a pass that reaped
         self.reaper = Reaper(self._publish, self.app, lease=self.lease, batch_size=self.batch_size,
-                             on_reaped=lambda _n: self.shards.floors.reset(), paced=self.queues.paced_params)
+                             on_reaped=lambda _n: self.shards.floors.reset())
         # overdue recurring jobs: the signals, once per episode (cron_at_scale.maintenance.overdue)
         self.overdue = OverdueWatch()
         # this dispatcher's maintenance loops, each with its own timer, run by step() in this order:

@@ -34,8 +34,6 @@ from cron_at_scale.ops import metrics
 
 log = logging.getLogger(__name__)
 
-MAX_DEFER = 16  # dispatch leases after its dispatch an unstarted attempt of a paced queue may wait (the lease's cap)
-
 
 class Reaper(Loop):
     """Handles expired leases for a dispatcher.
@@ -48,18 +46,14 @@ class Reaper(Loop):
     between passes (default ``REAPER_INTERVAL``; longer after a slow pass, see ``next_pass``);
     ``max_lost``: lost attempts after which a one-off job fails (default ``MAX_LOST_ATTEMPTS``);
     ``on_reaped(n)``: called after a pass of ``run_once`` that reaped ``n`` > 0 attempts (the
-    dispatcher resets its claim's floors: runs sent back keep an expiring ``fire_at``);
-    ``paced()``: the queues being paced, as :meth:`~cron_at_scale.dispatcher.backpressure.QueueGate.paced_params`
-    gives them: an unstarted attempt bound for one is not reaped but given another ``lease``,
-    up to 16 ``lease`` after its dispatch (its message waits its turn behind workers that are behind).
+    dispatcher resets its claim's floors: runs sent back keep an expiring ``fire_at``).
     """
 
     name = "reaper"
 
     def __init__(self, publish: Callable[[list[Claimed]], None], app, *, lease: float, batch_size: int,
                  interval: float | None = None, max_lost: int | None = None,
-                 on_reaped: Callable[[int], None] | None = None,
-                 paced: Callable[[], dict] | None = None) -> None:
+                 on_reaped: Callable[[int], None] | None = None) -> None:
         super().__init__(conf.get("REAPER_INTERVAL") if interval is None else interval)
         self.publish = publish
         self.app = app
@@ -67,7 +61,6 @@ class Reaper(Loop):
         self.batch_size = batch_size
         self.max_lost = int(conf.get("MAX_LOST_ATTEMPTS") if max_lost is None else max_lost)
         self.on_reaped = on_reaped
-        self.paced = paced or (lambda: {"held_queues": [], "held_blank": False, "blank_tasks": []})
 
     def maybe_reap(self, now: float | None = None) -> int:
         """Reap if ``interval`` seconds have passed since the last pass (``now``: monotonic time);
@@ -95,8 +88,7 @@ class Reaper(Loop):
         """
         refire: list[Claimed] = []
         with transaction.atomic():
-            lost = db.run("reap", {"limit": self.batch_size, "defer": self.lease, "max_defer": MAX_DEFER * self.lease,
-                                   **self.paced()}, retries=0)
+            lost = db.run("reap", {"limit": self.batch_size}, retries=0)
             if not lost:
                 return 0
             metrics.observe_reaped(len(lost))

@@ -13,34 +13,19 @@
 -- Attempts whose lease expired with nobody finishing them (a dead worker, a
 -- lost broker message, a dispatcher killed before publishing) are marked
 -- lost. Safe with many dispatchers reaping at once (SKIP LOCKED).
--- Except an unstarted one bound for a queue being paced (%(held_queues)s, %(held_blank)s,
--- %(blank_tasks)s: the claim's filter, for the paced queues of
--- cron_at_scale.dispatcher.backpressure): its workers are behind and its message most likely
--- waits its turn, so its lease moves on by %(defer)s seconds instead, until it was dispatched
--- %(max_defer)s seconds ago (then a lost message fires again after all). Firing it again
--- would add a message behind it for nobody: the job is held in the database meanwhile.
 WITH expired AS (
     SELECT id FROM cron_at_scale_jobattempt
     WHERE finished_at IS NULL AND locked_until < statement_timestamp()
     ORDER BY locked_until
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
-), waiting AS (
-    UPDATE cron_at_scale_jobattempt AS a
-    SET locked_until = statement_timestamp() + make_interval(secs => %(defer)s)
-    FROM expired, cron_at_scale_job AS j
-    WHERE a.id = expired.id AND a.started_at IS NULL AND j.id = a.job_id
-      AND a.dispatched_at > statement_timestamp() - make_interval(secs => %(max_defer)s)
-      AND (j.queue = ANY(%(held_queues)s::text[])
-           OR (j.queue = '' AND %(held_blank)s <> (j.task = ANY(%(blank_tasks)s::text[]))))
-    RETURNING a.id
 )
 UPDATE cron_at_scale_jobattempt AS a
 SET outcome = 'lost', finished_at = statement_timestamp(),
     error = CASE WHEN a.started_at IS NULL THEN 'lease expired before a worker started it (message lost or queued too long)'
                  ELSE 'lease expired while running: the worker died' END
 FROM expired
-WHERE a.id = expired.id AND a.id NOT IN (SELECT id FROM waiting)
+WHERE a.id = expired.id
 RETURNING a.job_id, a.attempt, a.scheduled_at, a.started_at IS NOT NULL AS started, a.occurrence_losses,
           a.dispatch_losses;
 

@@ -333,33 +333,3 @@ def test_the_reapers_refire_of_a_lost_cron_run_reads_little_whatever_the_jobs_hi
         assert dispatcher.reap() == 1
     assert [c.attempt for c in dispatcher.published] == [100002]  # fired again
     assert plans[0]["Plan"]["Shared Hit Blocks"] + plans[0]["Plan"].get("Shared Read Blocks", 0) < 100, plans[0]
-
-
-def test_an_unstarted_attempt_bound_for_a_paced_queue_waits_its_turn_instead_of_firing_again(dispatcher):
-    """The gate's paced queues (MAX_QUEUE_WAIT): its workers are behind, the message waits in the
-    queue; reaping it would add a message behind it. Its lease moves on instead, until 16 dispatch
-    leases after its dispatch. A started attempt, or one bound elsewhere, is reaped as before."""
-    from cron_at_scale.dispatcher.backpressure import PACED, QueueState
-
-    waiting = cron_at_scale.schedule(noop, queue="slow")
-    elsewhere = cron_at_scale.schedule(noop, queue="fast")
-    running = cron_at_scale.schedule(noop, queue="slow")
-    old = cron_at_scale.schedule(noop, queue="slow")
-    assert len(dispatcher.claim()) == 4
-    gate = dispatcher.queues
-    gate.destination("demo.tasks.noop", "slow")
-    gate.states["slow"] = QueueState("slow", 500, 1, PACED, True)
-    expire_leases()
-    sql("UPDATE cron_at_scale_jobattempt SET started_at = statement_timestamp() WHERE job_id = %s", [running.id])
-    sql("UPDATE cron_at_scale_jobattempt SET dispatched_at = statement_timestamp() - interval '481 seconds' "
-        "WHERE job_id = %s", [old.id])  # 16 leases of 30 s ago
-    assert dispatcher.reap() == 3
-    outcome = dict(JobAttempt.objects.values_list("job_id", "outcome"))
-    assert outcome == {waiting.id: "dispatched", elsewhere.id: "lost", running.id: "lost", old.id: "lost"}
-    lease_left = sql("SELECT extract(epoch FROM locked_until - statement_timestamp()) FROM cron_at_scale_jobattempt "
-                     "WHERE job_id = %s", [waiting.id])[0][0]
-    assert 25 < lease_left <= 30  # another dispatch lease
-    gate.states["slow"] = QueueState("slow", 5, 1, "ok", False)  # no longer behind: reaped as any other
-    expire_leases()
-    assert dispatcher.reap() == 1
-    assert JobAttempt.objects.get(job_id=waiting.id).outcome == "lost"
