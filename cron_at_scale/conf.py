@@ -29,6 +29,11 @@ DEFAULTS: dict[str, Any] = {
     # Per destination queue: stop claiming the jobs of a queue holding more messages than this
     # (an overload waits in the database), while the other queues keep firing.
     "MAX_BROKER_DEPTH": 200_000,
+    # Per destination queue: stop claiming its jobs while its messages would wait longer than this
+    # for its consumers (their pace measured from the queue's depth), so that a message waiting its
+    # turn is never taken for lost and fired again (a second message to skip: overload amplifying
+    # itself). None: half of DISPATCH_LEASE, room for a pace misjudged by half; 0: off.
+    "MAX_QUEUE_WAIT": None,
     # Hold in the database the jobs of a queue nobody consumes (RabbitMQ: no consumer; Redis: no
     # live worker's health row lists it) rather than fire them into it and re-fire each lost one
     # every dispatch lease. False: fire them anyway (workers that write no health rows, on Redis;
@@ -80,6 +85,17 @@ DEFAULTS: dict[str, Any] = {
     # Server-side prepared statements for the worker's per-task writes; turn off
     # behind a pooler that does not keep sessions (PgBouncer transaction mode).
     "PREPARED_STATEMENTS": True,
+    # Seconds the metrics' database gauges are reused for: one computation (~25 statements) per
+    # interval whatever the scrape rate or the number of scrapers; below Prometheus' usual 15 s
+    # scrape interval, so each scrape still sees fresh figures. 0: computed on every scrape.
+    "METRICS_CACHE_SECONDS": 10.0,
+    # Per-job series (cron_job_overdue{key}, cron_job_last_success_timestamp_seconds{key}) for live
+    # recurring jobs with a key (at most 1000): off unless asked, since every key becomes a label
+    # value anyone reading the metrics sees, and a series to store.
+    "METRICS_JOB_KEYS": False,
+    # A bearer token the metrics (the Django view, cron_dispatcher --metrics-port) require:
+    # "Authorization: Bearer <token>", else 401. None: they answer whoever reaches them.
+    "METRICS_TOKEN": None,
     # Celery app path ("module:attr"); None => celery.current_app.
     "CELERY_APP": None,
 }
@@ -112,12 +128,22 @@ def problems() -> list[str]:
     value = user.get("PRELOAD", DEFAULTS["PRELOAD"])
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 600:
         out.append(f"CRON_AT_SCALE['PRELOAD'] must be a number of seconds from 0 to 600, got {value!r}")
+    value = user.get("MAX_QUEUE_WAIT", DEFAULTS["MAX_QUEUE_WAIT"])
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e6):
+        out.append(f"CRON_AT_SCALE['MAX_QUEUE_WAIT'] must be a number of seconds >= 0 or None, got {value!r}")
     value = user.get("ETA_LEAD", DEFAULTS["ETA_LEAD"])
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60):
         out.append(f"CRON_AT_SCALE['ETA_LEAD'] must be a number of seconds from 0 to 60 or None, got {value!r}")
     if not out:
         out += contradictions(values())
-    for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS", "PREPARED_STATEMENTS", "HOLD_UNCONSUMED_QUEUES"):
+    value = user.get("METRICS_CACHE_SECONDS", DEFAULTS["METRICS_CACHE_SECONDS"])
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 3600:
+        out.append(f"CRON_AT_SCALE['METRICS_CACHE_SECONDS'] must be a number of seconds from 0 to 3600, got {value!r}")
+    token = user.get("METRICS_TOKEN")
+    if token is not None and (not isinstance(token, str) or not token or not token.isprintable() or " " in token):
+        out.append("CRON_AT_SCALE['METRICS_TOKEN'] must be a non-empty string without spaces or None")
+    for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS", "PREPARED_STATEMENTS", "HOLD_UNCONSUMED_QUEUES",
+                "METRICS_JOB_KEYS"):
         if not isinstance(user.get(key, DEFAULTS[key]), bool):
             out.append(f"CRON_AT_SCALE[{key!r}] must be True or False, got {user[key]!r}")
     retention = user.get("RETENTION")
@@ -151,6 +177,8 @@ def contradictions(values: dict[str, Any]) -> list[str]:
     * ``ETA_LEAD`` <= ``LOOKAHEAD``: a run is published at most its look-ahead before its ``fire_at``
       (it is claimed no earlier), and ``ETA_LEAD`` < ``DISPATCH_LEASE``: the lease of a run
       counts from its ``fire_at``, a lead as long would outlast it (also implied by the first two).
+    * ``MAX_QUEUE_WAIT`` < ``DISPATCH_LEASE``: a message let wait in its queue as long as its lease
+      would be reaped and fired again while it waits.
     * ``HEARTBEAT_INTERVAL`` < ``RUN_LEASE``: a running attempt's lease would expire between two
       heartbeats, and every run longer than the lease would be fired again while it runs.
     """
@@ -167,6 +195,10 @@ def contradictions(values: dict[str, Any]) -> list[str]:
         out.append(f"CRON_AT_SCALE['ETA_LEAD'] ({lead}s) must be shorter than CRON_AT_SCALE['DISPATCH_LEASE'] "
                    f"({values['DISPATCH_LEASE']}s): a message held by a worker for its eta would outlast "
                    "its dispatch lease")
+    wait = values.get("MAX_QUEUE_WAIT")
+    if wait is not None and not float(wait) < float(values["DISPATCH_LEASE"]):
+        out.append(f"CRON_AT_SCALE['MAX_QUEUE_WAIT'] ({wait}s) must be shorter than CRON_AT_SCALE['DISPATCH_LEASE'] "
+                   f"({values['DISPATCH_LEASE']}s): a message waiting that long in its queue would be fired again")
     if not float(values["HEARTBEAT_INTERVAL"]) < float(values["RUN_LEASE"]):
         out.append(f"CRON_AT_SCALE['HEARTBEAT_INTERVAL'] ({values['HEARTBEAT_INTERVAL']}s) must be shorter than "
                    f"CRON_AT_SCALE['RUN_LEASE'] ({values['RUN_LEASE']}s): a running attempt's lease would expire "
@@ -184,6 +216,13 @@ def eta_lead(values: dict[str, Any]) -> float:
     if lead is None:
         return min(ETA_LEAD_DEFAULT, float(values["LOOKAHEAD"]))
     return float(lead)
+
+
+def max_queue_wait(values: dict[str, Any]) -> float:
+    """Seconds of its consumers' work a queue may hold (``MAX_QUEUE_WAIT``; None: half of
+    ``DISPATCH_LEASE``; 0: no pacing)."""
+    wait = values.get("MAX_QUEUE_WAIT")
+    return float(values["DISPATCH_LEASE"]) / 2 if wait is None else float(wait)
 
 
 def check() -> None:

@@ -1,7 +1,8 @@
 """Views: Prometheus metrics (``metrics``) and the admin dashboard's figures.
 
 Route the metrics view yourself (it is not behind a login: Prometheus
-scrapes it; expose it only where your scraper can reach it)::
+scrapes it; expose it only where your scraper can reach it, and set
+``METRICS_TOKEN`` to require ``Authorization: Bearer <token>``)::
 
     path("metrics", cron_at_scale.views.metrics)          # or include("cron_at_scale.urls")
 """
@@ -21,11 +22,17 @@ CHART_WIDTH = 420  # px of the longest bar
 
 @require_GET
 def metrics(request):
-    """Every cron_at_scale metric in Prometheus' text format (database gauges computed now)."""
+    """Every cron_at_scale metric in Prometheus' text format (database gauges at most
+    ``METRICS_CACHE_SECONDS`` old); 401 without the bearer token when ``METRICS_TOKEN`` is set."""
     from prometheus_client import CONTENT_TYPE_LATEST
 
     from cron_at_scale.ops import metrics as metricslib
 
+    if not metricslib.authorized(request.headers.get("Authorization")):
+        response = HttpResponse("401 Unauthorized: METRICS_TOKEN is set; send Authorization: Bearer <token>\n",
+                                status=401, content_type="text/plain")
+        response["WWW-Authenticate"] = "Bearer"
+        return response
     return HttpResponse(metricslib.render(), content_type=CONTENT_TYPE_LATEST)
 
 

@@ -15,4 +15,8 @@ INSTALLED_APPS = [*INSTALLED_APPS, "django_celery_beat"]  # noqa: F405
 
 # The tests in this process claim and read the messages off the broker with no worker running:
 # fire into unconsumed queues unless a test says otherwise (the processes they start keep the default).
-CRON_AT_SCALE = {"HOLD_UNCONSUMED_QUEUES": False, **CRON_AT_SCALE}  # noqa: F405
+# The metrics' database gauges computed on every scrape (tests change the database and scrape at
+# once), and the per-key series on (the overdue tests read them); tests/integration/test_ops_metrics.py
+# checks the defaults.
+CRON_AT_SCALE = {"HOLD_UNCONSUMED_QUEUES": False, "METRICS_CACHE_SECONDS": 0, "METRICS_JOB_KEYS": True,
+                 **CRON_AT_SCALE}  # noqa: F405

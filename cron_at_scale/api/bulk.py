@@ -215,6 +215,8 @@ class _FastRows:
                 fire_at = at.astimezone(timezone.utc)
             except (OverflowError, ValueError):
                 return None
+            if (fire_at - self.now).total_seconds() > MAX_COUNTDOWN:
+                return None
         elif countdown is not None:
             if (type(countdown) is not int and type(countdown) is not float) or not 0 <= countdown <= MAX_COUNTDOWN:
                 return None  # NaN and infinity fail the comparison too

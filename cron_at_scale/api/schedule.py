@@ -35,12 +35,14 @@ from cron_at_scale.api.validation import (
     MAX_JSON_DEPTH,
     OPTIONS,
     check_changes,
+    check_horizon,
     check_json,
     check_option,
     check_policy,
     check_text,
     check_tz,
     dumps,
+    horizon_error,
     refuse_private,
     seconds,
     show,
@@ -138,6 +140,8 @@ def build_job(
             at = at.astimezone(timezone.utc)
         except (OverflowError, ValueError):
             raise ValidationError("at", f"{show(at)} is out of range once in UTC") from None
+        # The local clock when no database time was read: a skew of seconds is nothing beside 100 years.
+        check_horizon("at", at, _db_now or datetime.now(timezone.utc), at)
     schedule_type, occurrence_at = ScheduleType.ONCE, None
     if at is not None and every is None:
         fire_at = at
@@ -146,8 +150,10 @@ def build_job(
         if countdown is not None:
             if isinstance(countdown, bool) or not isinstance(countdown, (int, float)):
                 raise ValidationError("countdown", f"must be a number of seconds, got {show(countdown, 40)}")
-            if not math.isfinite(countdown) or not 0 <= countdown <= MAX_COUNTDOWN:
-                raise ValidationError("countdown", f"must be from 0 to {MAX_COUNTDOWN} seconds, got {show(countdown)}")
+            if not math.isfinite(countdown) or countdown < 0:
+                raise ValidationError("countdown", f"must be 0 or more seconds, got {show(countdown)}")
+            if countdown > MAX_COUNTDOWN:
+                raise horizon_error("countdown", countdown)
             fire_at = now + timedelta(seconds=countdown)
         elif recurring:
             if cron is not None:

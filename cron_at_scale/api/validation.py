@@ -11,7 +11,7 @@ import json
 import math
 import uuid
 from collections.abc import Mapping
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from cron_at_scale import conf
@@ -28,7 +28,7 @@ _OVERLAPS = tuple(Overlap.values)
 RESUME_CHOICES = ("skip", "latest", "all")
 # What reschedule() may change (the key names the job, it cannot change).
 RESCHEDULE_ARGUMENTS = ["task", *(a for a in ARGUMENTS if a != "key")]
-MAX_COUNTDOWN = 100 * 365 * 86400  # seconds; a longer horizon is a bug, not a plan
+MAX_COUNTDOWN = 100 * 365 * 86400  # seconds; a longer horizon is a bug, not a plan (at=, eta= and countdown= alike)
 MAX_JSON_DEPTH = 64
 MAX_INT_BITS = 1024  # far beyond any id or amount; Python refuses to print ints of ~4300+ digits
 # Options a job may carry: Celery's message priority, the retry policy's overrides, and Celery's
@@ -146,6 +146,19 @@ def check_option(opt: str, value: Any) -> None:
 
         if check(value) != value:  # a timedelta or an aware datetime: build_job converts them first
             raise ValidationError(opt, f"must be a number of seconds here, got {show(value, 40)}")
+
+
+def horizon_error(field_name: str, value: Any) -> ValidationError:
+    """The one refusal of a fire time too far ahead, whichever argument gave it (``at``, ``eta``,
+    ``countdown``): beyond ``MAX_COUNTDOWN`` seconds from now."""
+    return ValidationError(field_name, f"must be at most {MAX_COUNTDOWN} seconds (100 years) ahead, got {show(value, 40)}")
+
+
+def check_horizon(field_name: str, fire_at: datetime, now: datetime, value: Any) -> None:
+    """Raise :func:`horizon_error` if ``fire_at`` (an aware datetime) is more than ``MAX_COUNTDOWN``
+    seconds after ``now``; ``value`` is what the caller gave, for the message."""
+    if (fire_at - now).total_seconds() > MAX_COUNTDOWN:
+        raise horizon_error(field_name, value)
 
 
 def seconds(field_name: str, value: Any, minimum: float = 0.0) -> float:

@@ -20,6 +20,20 @@ A (task, queue) seen for the first time in a claimed batch is resolved, and its 
 that batch is committed: if the queue is held, the claim is rolled back and taken again without it,
 so even the first job for a dead queue gets no attempt.
 
+**Paced** (``MAX_QUEUE_WAIT``, by default half the dispatch lease): a queue is also held while
+its messages would wait longer than that for its consumers, so that a message waiting its turn is
+never mistaken for a lost one and fired again (which would add a second message for the workers to
+skip, lengthening the queue that caused it: overload amplifying itself). The workers' pace is
+measured, not configured: while a queue has a backlog, what its consumers took between two checks
+(its depth then, plus the runs claimed for it since, minus its depth now) over the time between
+them. A queue may hold what they drain in ``MAX_QUEUE_WAIT`` seconds: runs claimed for it count
+against that at once, a queue reaching it is held before the next check, and while a queue has a
+backlog a claim takes no more rows than the room left in it. Until its pace was measured (a queue
+never backlogged yet), and for a queue with no consumer (``HOLD_UNCONSUMED_QUEUES``' business),
+only ``MAX_BROKER_DEPTH`` holds it: the first batch into an idle queue may
+overshoot by up to ``BATCH_SIZE``. Several dispatchers each count their own claims only: the
+depth may overshoot by one allowance per dispatcher.
+
 Cost: each queue is checked at most once a second (and once when first seen), never per job: one
 ``queue_declare(passive=True)`` per queue on a broker connection of this module's own, plus on Redis
 one small query of the worker health rows per check round.
@@ -28,6 +42,7 @@ one small query of the worker health rows per check round.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -35,9 +50,11 @@ from typing import Any
 from celery import Celery
 from kombu.common import Broadcast
 
+from cron_at_scale.ops import metrics
+
 log = logging.getLogger(__name__)
 
-OK, FULL, NO_CONSUMER, UNKNOWN = "ok", "full", "no consumer", "unknown"
+OK, FULL, NO_CONSUMER, UNKNOWN, PACED = "ok", "full", "no consumer", "unknown", "paced"
 CHECK_INTERVAL = 1.0  # seconds between two checks of one queue
 
 
@@ -45,9 +62,9 @@ CHECK_INTERVAL = 1.0  # seconds between two checks of one queue
 class QueueState:
     """One broker queue as last checked. ``depth``: messages waiting (None: unknown);
     ``consumers``: RabbitMQ's consumer count, or on Redis the live workers listing the queue
-    (None: unknown); ``state``: ``ok``, ``full``, ``no consumer`` or ``unknown``; ``held``: the
-    dispatchers hold its jobs in the database (full, or no consumer while
-    ``HOLD_UNCONSUMED_QUEUES``)."""
+    (None: unknown); ``state``: ``ok``, ``full``, ``paced`` (its backlog is ``MAX_QUEUE_WAIT`` of
+    its consumers' work), ``no consumer`` or ``unknown``; ``held``: the dispatchers hold its jobs in
+    the database (full, paced, or no consumer while ``HOLD_UNCONSUMED_QUEUES``)."""
 
     queue: str
     depth: int | None
@@ -182,12 +199,18 @@ class QueueGate:
     """The dispatcher's view of its destination queues: which are held, as claim parameters.
 
     ``max_depth``: ``MAX_BROKER_DEPTH`` (messages per queue); ``hold_unconsumed``: hold queues that
-    have no consumer. Not thread-safe: the dispatcher's loop thread only.
+    have no consumer; ``max_wait``: seconds of its consumers' work a queue may hold (0: no pacing).
+    Not thread-safe: the dispatcher's loop thread only.
     """
 
-    def __init__(self, app: Celery, max_depth: int, hold_unconsumed: bool, interval: float = CHECK_INTERVAL):
+    def __init__(self, app: Celery, max_depth: int, hold_unconsumed: bool, interval: float = CHECK_INTERVAL,
+                 max_wait: float = 0.0):
         self.app = app
         self.interval = interval
+        self.max_wait = float(max_wait)
+        self.drain: dict[str, float] = {}  # broker queue -> messages/s its consumers take (measured)
+        self._seen: dict[str, tuple[float, int]] = {}  # broker queue -> (monotonic time, depth) at its last check
+        self._sent: dict[str, int] = {}  # broker queue -> runs claimed for it since its last check
         self.probe = Probe(app, max_depth, hold_unconsumed)
         self.routes: dict[tuple[str, str], str | None] = {}  # (task, job's queue) -> broker queue
         self.states: dict[str, QueueState] = {}
@@ -231,11 +254,17 @@ class QueueGate:
         changed = []
         for name, state in self.probe.look(names).items():
             self._due[name] = now + self.interval
+            state = self._pace(name, state, now)
             old = self.states.get(name)
             self.states[name] = state
+            if name in self.drain:
+                metrics.observe_pace(name, state.state == PACED, self.drain[name])
             if old is None or old.held != state.held:
                 self._params = None
-                if state.held:
+                if PACED in (state.state, old.state if old else None) and not (old and old.state == FULL):
+                    log.info("queue %s: %s (%s messages, %.1f/s drained)", name, state.state, state.depth,
+                             self.drain.get(name, 0.0))
+                elif state.held:
                     log.warning("queue %s: %s (%s messages, %s consumers): its jobs wait in the database",
                                 name, state.state, state.depth, state.consumers)
                 elif old is not None:
@@ -243,6 +272,73 @@ class QueueGate:
             if old is None or old.state != state.state:
                 changed.append(state)
         return changed
+
+    # -- pacing (MAX_QUEUE_WAIT) -------------------------------------------------------------
+
+    def _pace(self, name: str, state: QueueState, now: float) -> QueueState:
+        """Measure the queue's drain from this check and the last, and hold it if its backlog is more
+        than ``max_wait`` seconds of it."""
+        sent = self._sent.pop(name, 0)
+        depth = state.depth
+        if depth is None or not self.max_wait:
+            self._seen.pop(name, None)
+            return state
+        seen, self._seen[name] = self._seen.get(name), (now, depth)
+        if seen is not None and now > seen[0] and seen[1] > 0:
+            rate = max(0.0, (seen[1] + sent - depth) / (now - seen[0]))
+            old = self.drain.get(name)
+            if depth > 0:  # a backlog throughout: what the consumers take, smoothed over a few checks
+                self.drain[name] = rate if old is None else (old + rate) / 2
+            elif old is None or rate > old:  # emptied between the checks: they take at least this
+                self.drain[name] = rate
+        if not state.held and state.consumers != 0 and depth > self.allowance(name):
+            return QueueState(name, depth, state.consumers, PACED, True)
+        return state
+
+    def _paced(self, name: str) -> bool:
+        # A queue nobody consumes drains nothing: whether it is held is HOLD_UNCONSUMED_QUEUES' call
+        # (tools and benchmarks that read the broker themselves fire into it anyway).
+        state = self.states.get(name)
+        return state is not None and state.consumers != 0 and self.allowance(name) != math.inf
+
+    def allowance(self, name: str) -> float:
+        """Messages queue ``name`` may hold: what its consumers drain in ``max_wait`` seconds
+        (infinite while their pace is unmeasured, or without pacing)."""
+        rate = self.drain.get(name)
+        return math.inf if rate is None or not self.max_wait else rate * self.max_wait
+
+    def note(self, runs) -> None:
+        """Count claimed ``runs`` (``task``, ``queue`` each) against their queues' allowance: a queue
+        whose depth at its last check plus what was claimed for it since reaches it is held now."""
+        if not self.max_wait or not runs:
+            return
+        names = set()
+        for r in runs:
+            name = self.destination(r.task, r.queue)
+            if name is not None:
+                self._sent[name] = self._sent.get(name, 0) + 1
+                names.add(name)
+        for name in names:
+            seen, state = self._seen.get(name), self.states.get(name)
+            if seen is not None and state is not None and not state.held and self._paced(name) \
+                    and seen[1] + self._sent[name] >= self.allowance(name):
+                self.states[name] = QueueState(name, seen[1] + self._sent[name], state.consumers, PACED, True)
+                self._params = None
+                metrics.observe_pace(name, True, self.drain.get(name))
+
+    def claim_limit(self, batch: int) -> int:
+        """At most ``batch`` rows, nor more than the room left in a paced queue that has a backlog
+        (at least half its allowance): the claim does not know which queues its rows go to."""
+        limit = batch
+        for name, (_t, depth) in self._seen.items():
+            state = self.states.get(name)
+            if state is None or state.held or not self._paced(name):
+                continue
+            allowance = self.allowance(name)
+            queued = depth + self._sent.get(name, 0)
+            if queued >= allowance / 2:
+                limit = min(limit, max(1, int(allowance - queued)))
+        return limit
 
     def learn(self, rows) -> bool:
         """Resolve the (task, queue) of claimed ``rows`` not seen before and check their queues now;

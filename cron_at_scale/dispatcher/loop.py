@@ -82,7 +82,8 @@ class Dispatcher:
         self.publisher = Publisher(self.app) if publisher is None else publisher  # tests hand in a recording one
         # per destination queue: which are full or unconsumed (their jobs stay in the database)
         self.queues = QueueGate(self.app, self.max_broker_depth, bool(
-            conf.get("HOLD_UNCONSUMED_QUEUES") if hold_unconsumed is None else hold_unconsumed))
+            conf.get("HOLD_UNCONSUMED_QUEUES") if hold_unconsumed is None else hold_unconsumed),
+            max_wait=conf.max_queue_wait({**conf.values(), "DISPATCH_LEASE": self.lease}))
         # publishes on its own thread; a failing batch is retried for half its dispatch lease
         self.sender = Sender(self.publisher, self._sent, retry_for=self.lease / 2)
         # re-fired runs go out through this dispatcher's sender; they keep an expiring fire_at, maybe
@@ -138,7 +139,9 @@ class Dispatcher:
             with transaction.atomic():
                 db.run("claim_settings", {"idle_ms": self.claim_idle_ms}, fetch="count", retries=0)
                 t1 = time.monotonic()
-                rows = db.run("claim", {"limit": self.batch_size, "dispatcher": self.name, "lease": self.lease,
+                # a queue being paced (MAX_QUEUE_WAIT) bounds the batch by the room left in it
+                rows = db.run("claim", {"limit": self.queues.claim_limit(self.batch_size), "dispatcher": self.name,
+                                        "lease": self.lease,
                                         "lookahead": lookahead, **shards, **held_queues}, retries=0)
                 if rows:  # the rows locked, nothing committed (the fault suite stalls a dispatcher here)
                     failpoints.hit("dispatcher.in_claim")
@@ -156,6 +159,7 @@ class Dispatcher:
                     runs += advance(recurring, lease=self.lease, lookahead=lookahead, shared=self.occurrences)
                 if rows:  # runs already past their expiry are recorded skipped, not published
                     runs = drop_expired(runs, rows[0].db_now)
+            self.queues.note(runs)
             self.preload.observe(len(rows), time.monotonic() - t1, full=len(rows) >= self.batch_size)
             return runs
 

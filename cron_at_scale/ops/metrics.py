@@ -6,12 +6,13 @@ Two kinds:
   ``observe_published``, ``observe_reaped``, ``observe_dead_lettered``):
   counters and histograms in the dispatcher process, served on
   ``cron_dispatcher --metrics-port``.
-* **State** read from the database on each scrape by :class:`DatabaseCollector`
-  (bounded queries, see :mod:`cron_at_scale.ops.status`): pending jobs by
+* **State** read from the database by :class:`DatabaseCollector` at most once per
+  ``METRICS_CACHE_SECONDS`` whatever the scrape rate (scrapes in between, concurrent ones
+  included, get the same figures; bounded queries, see :mod:`cron_at_scale.ops.status`): pending jobs by
   ``fire_at`` bucket, oldest overdue job, dead-letter queue, attempts in
   progress, expired leases, missed cron occurrences, and the firing lag of
-  the latest attempts, overdue recurring jobs (and, per live recurring job
-  with a key, overdue or not and its latest success). Workers run in Celery's prefork children, whose
+  the latest attempts, overdue recurring jobs (and, with ``METRICS_JOB_KEYS``, per live
+  recurring job with a key, overdue or not and its latest success). Workers run in Celery's prefork children, whose
   per-process counters no scrape reaches; the database already knows what
   they did, so worker-side figures come from here.
 
@@ -20,16 +21,23 @@ worker that serves its own metrics (a solo/threads pool, or prefork with
 ``PROMETHEUS_MULTIPROC_DIR`` set: prometheus_client then writes them to
 files the Django view aggregates).
 
+Who may read them: ``METRICS_TOKEN`` (a bearer token, compared in constant time; 401 otherwise) for
+the Django view and the dispatcher's server, which listens on ``--metrics-bind`` (127.0.0.1 unless
+told: job names, queues and worker names are not for anyone who can reach the port).
+
 Every metric lives in :data:`REGISTRY` (not prometheus_client's global one),
 so importing this module never changes what another exporter serves.
 """
 
 from __future__ import annotations
 
+import hmac
 import logging
 import os
+import threading
+import time
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 log = logging.getLogger(__name__)
@@ -59,6 +67,10 @@ BATCH_SIZE = Histogram("cron_claim_batch_jobs", "Runs claimed per claim statemen
 DISPATCH_SECONDS = Histogram("cron_dispatch_seconds", "Claim plus publish of one batch, seconds.",
                              buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
                              registry=REGISTRY)
+QUEUE_PACED = Gauge("cron_queue_paced", "1 while this dispatcher holds a queue's jobs in the database because "
+                    "its backlog is MAX_QUEUE_WAIT of its consumers' work.", ["queue"], registry=REGISTRY)
+QUEUE_DRAIN = Gauge("cron_queue_drain_rate", "Messages per second this dispatcher measured a queue's consumers "
+                    "take (while it had a backlog).", ["queue"], registry=REGISTRY)
 FIRING_LAG = Histogram("cron_firing_lag_seconds", "Scheduled fire_at to attempt start (observed by the worker).",
                        buckets=LAG_BUCKETS, registry=REGISTRY)
 
@@ -94,6 +106,13 @@ def observe_dead_lettered(n: int = 1) -> None:
         DEAD_LETTERED.inc(n)
 
 
+def observe_pace(queue: str, paced: bool, drain: float | None) -> None:
+    """Dispatcher: queue ``queue`` is paced or not; ``drain``: its consumers' measured messages/s."""
+    QUEUE_PACED.labels(queue).set(1 if paced else 0)
+    if drain is not None:
+        QUEUE_DRAIN.labels(queue).set(drain)
+
+
 def observe_start(lag_seconds: float) -> None:
     """Worker: an attempt started ``lag_seconds`` after its scheduled fire_at."""
     FIRING_LAG.observe(max(0.0, lag_seconds))
@@ -108,11 +127,19 @@ def observe_outcome(outcome: str) -> None:
 
 
 class DatabaseCollector:
-    """Gauges computed on each scrape from the database (bounded queries; ~a dozen statements).
+    """Gauges computed from the database (bounded queries; ~a dozen statements), at most once per
+    ``METRICS_CACHE_SECONDS``: a scrape within that of the last computation, or while another scrape
+    computes, gets the same figures (``computations`` counts the computations made).
 
     A scrape while the database is down yields ``cron_database_up 0`` and
     nothing else, instead of failing the whole scrape.
     """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._families: list | None = None
+        self._until = 0.0  # monotonic time until which _families stand
+        self.computations = 0
 
     def describe(self):
         # Without it prometheus_client would call collect() at registration, i.e. query the
@@ -120,6 +147,24 @@ class DatabaseCollector:
         return []
 
     def collect(self):
+        from cron_at_scale import conf
+
+        with self._lock:  # concurrent scrapes wait for the one computing, then share its figures
+            if self._families is None or time.monotonic() >= self._until:
+                self._families = list(self._compute(bool(conf.get("METRICS_JOB_KEYS"))))
+                self.computations += 1
+                self._until = time.monotonic() + float(conf.get("METRICS_CACHE_SECONDS"))
+            families = self._families
+        yield from families
+
+    def forget(self) -> None:
+        """Drop the cached figures: the next scrape computes them (tests; a settings change)."""
+        with self._lock:
+            self._families = None
+
+    def _compute(self, keyed: bool):
+        from django.db import transaction
+
         from cron_at_scale import sql as db
         from cron_at_scale.maintenance import overdue
         from cron_at_scale.ops import status
@@ -127,9 +172,10 @@ class DatabaseCollector:
         up = GaugeMetricFamily("cron_database_up", "1 when the scheduler's database answered this scrape.")
         for attempt in (1, 2):  # a connection the server closed while idle: reconnect once
             try:
-                snap = status.snapshot()
-                lags = status.recent_lags()
-                health = overdue.keyed_health(MAX_KEYED_JOBS)
+                with transaction.atomic():  # one transaction, not one per statement (~25)
+                    snap = status.snapshot()
+                    lags = status.recent_lags()
+                    health = overdue.keyed_health(MAX_KEYED_JOBS) if keyed else []
                 break
             except Exception as e:  # noqa: BLE001 (a scrape must answer; the reason goes to the log)
                 if attempt == 2:
@@ -176,7 +222,8 @@ class DatabaseCollector:
         yield idle
         yield stuck
         held = GaugeMetricFamily("cron_queue_held", "1 while the dispatchers hold a broker queue's jobs in the "
-                                 "database: it is full (over MAX_BROKER_DEPTH) or has no consumer.",
+                                 "database: it is full (over MAX_BROKER_DEPTH), paced (MAX_QUEUE_WAIT of its consumers' work "
+                                 "waits in it) or has no consumer.",
                                  labels=["queue", "state"])
         messages = GaugeMetricFamily("cron_queue_messages", "Messages waiting in a broker queue.", labels=["queue"])
         consumers = GaugeMetricFamily("cron_queue_consumers", "Consumers of a broker queue (Redis: live workers "
@@ -210,8 +257,9 @@ class DatabaseCollector:
             late.add_metric([key], 1 if is_overdue else 0)
             if succeeded_at is not None:
                 last.add_metric([key], succeeded_at.timestamp())
-        yield late
-        yield last
+        if keyed:
+            yield late
+            yield last
 
 
 _db_collector = DatabaseCollector()
@@ -236,6 +284,30 @@ def render() -> bytes:
     return generate_latest(registry_for_scrape())
 
 
+def authorized(header: str | None) -> bool:
+    """Whether an ``Authorization`` header value may read the metrics: always without
+    ``METRICS_TOKEN``; with it, only ``Bearer <token>`` (compared in constant time)."""
+    from cron_at_scale import conf
+
+    token = conf.get("METRICS_TOKEN")
+    if not token:
+        return True
+    given = (header or "").encode()
+    return hmac.compare_digest(given, f"Bearer {token}".encode())
+
+
+def _guarded(app):
+    """A WSGI app answering 401 unless :func:`authorized`."""
+
+    def guarded(environ, start_response):
+        if not authorized(environ.get("HTTP_AUTHORIZATION")):
+            start_response("401 Unauthorized", [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")])
+            return [b"401 Unauthorized: METRICS_TOKEN is set; send Authorization: Bearer <token>\n"]
+        return app(environ, start_response)
+
+    return guarded
+
+
 _server = None
 
 
@@ -258,16 +330,46 @@ class _ClosingRegistry:
         return self.inner.restricted_registry(names)
 
 
-def serve(port: int, addr: str = "0.0.0.0"):
-    """Serve ``/metrics`` on ``port`` from a daemon thread (``cron_dispatcher --metrics-port``).
+DEFAULT_BIND = "127.0.0.1"  # loopback unless told: a scraper elsewhere is a choice (with METRICS_TOKEN)
+
+
+def serve(port: int, addr: str = DEFAULT_BIND):
+    """Serve ``/metrics`` on ``addr``:``port`` from a daemon thread (``cron_dispatcher --metrics-port``,
+    ``--metrics-bind``), behind ``METRICS_TOKEN`` when set.
 
     Returns the server (``.shutdown()`` stops it). Raises ``OSError`` when the
-    port is taken. The database gauges use their own connection (Django's
-    connections are per thread).
+    port is taken or the address is not this host's. The database gauges use
+    their own connection (Django's connections are per thread).
     """
     global _server
-    from prometheus_client import start_http_server
+    import socket
+    from socketserver import ThreadingMixIn
+    from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-    _server, _thread = start_http_server(port, addr=addr, registry=_ClosingRegistry(registry_for_scrape()))
-    log.info("metrics on http://%s:%d/metrics", addr, port)
+    from prometheus_client import make_wsgi_app
+
+    class Server(ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+        request_queue_size = 128  # many scrapers at once wait in the backlog, not in SYN retries
+        address_family = socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+        def shutdown(self) -> None:  # stopped is closed: no listening socket left to the collector
+            super().shutdown()
+            self.server_close()
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, format, *args):  # noqa: A002 (the stdlib's name): a line per scrape is noise
+            pass
+
+    app = _guarded(make_wsgi_app(_ClosingRegistry(registry_for_scrape())))  # type: ignore[arg-type]
+    _server = make_server(addr, port, app, Server, handler_class=Quiet)
+    threading.Thread(target=_server.serve_forever, daemon=True, name="metrics").start()
+    log.info("metrics on http://%s:%d/metrics%s", addr, port,
+             " (bearer token)" if _token_set() else "")
     return _server
+
+
+def _token_set() -> bool:
+    from cron_at_scale import conf
+
+    return bool(conf.get("METRICS_TOKEN"))

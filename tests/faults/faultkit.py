@@ -697,3 +697,81 @@ def record(report: Report) -> None:
                     "p50": report.lateness_p50, "max": report.lateness_max, "extra": report.extra_lateness,
                     "seconds": report.seconds, "ok": not report.problems, **report.extra})
     print("\n" + report.line(), flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Overload: the broker's depth and a process group's memory and CPU, sampled
+# ---------------------------------------------------------------------------
+
+
+def broker_depth(redis_client, queue: str = "celery") -> int:
+    """Messages waiting in ``queue`` on Redis: its list and kombu's priority lists beside it."""
+    n = 0
+    for key in redis_client.scan_iter(match=f"{queue}*", count=1000):
+        if key in (queue.encode(), *(f"{queue}\x06\x16{p}".encode() for p in range(10))):
+            n += redis_client.llen(key)
+    return n
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (a prefork worker: its parent and pool children)."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid:  # fields after the command: state, ppid, pgrp, ...
+                pids.append(int(d))
+    return pids
+
+
+def group_rss_mb(pgid: int, only: int | None = None) -> float:
+    """Resident memory of process group ``pgid`` (of its process ``only``, if given), in MiB, from
+    /proc (shared pages counted per process)."""
+    total = 0
+    for pid in group_pids(pgid) if only is None else [only]:
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/statm") as f:
+                total += int(f.read().split()[1])
+    return total * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def group_cpu_s(pgid: int) -> float:
+    """CPU seconds (user + system) of the live processes of group ``pgid``, from /proc."""
+    total = 0
+    for pid in group_pids(pgid):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+class Sampler:
+    """A thread that samples ``probe()`` every ``interval`` seconds and keeps the peak and the last."""
+
+    def __init__(self, probe, interval: float = 0.25):
+        import threading  # noqa: PLC0415
+
+        self.probe, self.interval = probe, interval
+        self.peak = self.last = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.is_set():
+            with contextlib.suppress(Exception):  # a sample lost to a restart is not a figure
+                self.last = self.probe()
+                self.peak = max(self.peak, self.last)
+            self._stop.wait(self.interval)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join(5)

@@ -942,3 +942,53 @@ def test_the_success_of_a_worker_stalled_past_its_run_lease_is_recorded(env, tmp
     # The run fired again: skipped if the success was written first, else it ran.
     assert all(o in ("skipped", "succeeded") for _, o in attempts[1:]), attempts
     assert status == "completed", f"job {status}, attempts {attempts}\n{s.logs()}"
+# Sustained overload: jobs due at twice the workers' capacity
+# ---------------------------------------------------------------------------
+
+OVERLOAD_SECONDS = float(os.environ.get("FAULTS_OVERLOAD_SECONDS", "40"))  # the review's run: 120
+OVERLOAD_TASK = ("demo.tasks.sleep", {"seconds": 0.1})  # sleeps: the capacity holds on a loaded box
+
+
+@pytest.mark.timeout(900)
+def test_sustained_overload_does_not_amplify(env):
+    """Twice the workers' capacity for OVERLOAD_SECONDS: the queue must not amplify it. Each job fires
+    about once (a message waiting in the queue is not fired again), no stale message is left on the
+    broker once every job is done, the broker's depth stays within what the workers drain in a dispatch
+    lease, and the worker's memory does not grow with the backlog."""
+    s = env.system(BASE)
+    s.worker("wa", concurrency=2)
+    s.dispatcher("d1")
+    s.wait_workers(["wa"])
+    task, kw = OVERLOAD_TASK
+    t = time.monotonic()
+    schedule_once(env.db, [(0.0, task, kw)] * 200, kind="warmup")  # the capacity on this box, now
+    wait_settled(env.db, 120)
+    capacity = 200 / (time.monotonic() - t)
+    pgid = s.procs["wa"].pid
+    rss0, cpu0, main0 = faultkit.group_rss_mb(pgid), faultkit.group_cpu_s(pgid), faultkit.group_rss_mb(pgid, pgid)
+    n = int(2 * capacity * OVERLOAD_SECONDS)
+    t0 = time.monotonic()
+    with faultkit.Sampler(lambda: faultkit.broker_depth(env.redis.client())) as depth, \
+            faultkit.Sampler(lambda: faultkit.group_rss_mb(pgid), interval=1.0) as rss, \
+            faultkit.Sampler(lambda: faultkit.group_rss_mb(pgid, pgid), interval=1.0) as main:
+        schedule_once(env.db, burst(n, OVERLOAD_SECONDS, task=task, kw=kw))
+        time.sleep(OVERLOAD_SECONDS)
+        settled = wait_settled(env.db, 600) + OVERLOAD_SECONDS
+    stale = faultkit.broker_depth(env.redis.client())
+    cpu = faultkit.group_cpu_s(pgid) - cpu0
+    fires, lost_unstarted = env.db.q("""
+        SELECT count(*), count(*) FILTER (WHERE a.outcome = 'lost' AND a.started_at IS NULL)
+        FROM cron_at_scale_jobattempt a JOIN fault_expected e ON e.job_id = a.job_id AND e.kind = %s""", (task,))[0]
+    lease, batch = BASE["DISPATCH_LEASE"], BASE["BATCH_SIZE"]
+    figures = {"capacity_per_s": round(capacity, 1), "overload_jobs": n, "fires_per_job": round(fires / n, 3),
+               "lost_unstarted": lost_unstarted, "stale_on_broker": stale, "broker_peak": int(depth.peak),
+               "worker_rss_mb": f"{rss0:.0f}->{rss.peak:.0f}", "of_which_main_mb": f"{main0:.0f}->{main.peak:.0f}",
+               "worker_cpu_ms_per_job": round(1000 * cpu / n, 2),
+               "drained_s": round(settled, 1)}
+    r = finish(env, s, "overload: 2x capacity", t0, timeout=60, extra=figures)
+    assert r.jobs == n + 200
+    assert fires / n <= 1.1, f"{fires} fires for {n} jobs: re-fired while queued ({figures})"
+    assert stale <= max(5, n // 100), f"{stale} stale messages left on the broker ({figures})"
+    # What the workers drain in a dispatch lease, with a loaded box's slack, plus a batch in flight.
+    assert depth.peak <= 1.5 * capacity * lease + batch, f"broker peak {depth.peak} ({figures})"
+    assert rss.peak - rss0 <= 64, f"worker memory grew {rss0:.0f} -> {rss.peak:.0f} MiB ({figures})"

@@ -152,6 +152,27 @@ def test_bad_input_names_the_field_and_writes_nothing(spec, field):
     assert Job.objects.count() == 0
 
 
+def test_at_and_countdown_share_one_horizon_and_one_message():
+    from cron_at_scale.api.validation import MAX_COUNTDOWN
+
+    far = datetime(9999, 12, 31, tzinfo=timezone.utc)
+    messages = {}
+    for field, spec in (("at", dict(at=far)), ("countdown", dict(countdown=MAX_COUNTDOWN + 1)),
+                        ("at", dict(at=far, every=60))):
+        with pytest.raises(ValidationError) as err:
+            cron_at_scale.schedule(noop, **spec)
+        assert err.value.field == field
+        messages[field] = str(err.value).split(", got")[0].removeprefix(f"{field}: ")
+    assert messages["at"] == messages["countdown"] == f"must be at most {MAX_COUNTDOWN} seconds (100 years) ahead"
+    with pytest.raises(ValidationError) as err:
+        cron_at_scale.schedule_many([{"task": noop}, {"task": noop, "at": far}])
+    assert err.value.field == "[1].at"
+    assert Job.objects.count() == 0
+    near = datetime.now(timezone.utc) + timedelta(seconds=MAX_COUNTDOWN - 86400)
+    assert cron_at_scale.schedule(noop, at=near).fire_at == near
+    assert cron_at_scale.schedule(noop, countdown=MAX_COUNTDOWN).fire_at > near
+
+
 @pytest.mark.parametrize("task", ["no.such.task", "", None, 42, "x" * 300])
 def test_unknown_or_malformed_task_names_are_refused(task):
     with pytest.raises(ValidationError) as err:

@@ -28,7 +28,7 @@ def empty_queues(broker):
     """This module's queues, emptied before and after (the broker fixture empties only ``celery``)."""
     def drop():
         with broker.connection_for_write() as conn:
-            for name in ("busy", "idle", "live", "dead", "routed", "a", "b"):
+            for name in ("busy", "idle", "live", "dead", "routed", "a", "b", "paced", "unpaced"):
                 conn.default_channel.queue_purge(name)
     drop()
     yield
@@ -160,5 +160,45 @@ def test_the_gate_checks_each_queue_at_most_once_a_second(broker, monkeypatch):
         gate.refresh(now=100.99)
         gate.refresh(now=101.0)
         assert [sorted(x) for x in looked] == [["a", "b", "celery"], ["a", "b", "celery"]]
+    finally:
+        gate.close()
+
+
+def test_a_queue_is_paced_to_what_its_consumers_drain(broker):
+    """MAX_QUEUE_WAIT: a queue holds at most what its consumers take in that many seconds (their pace
+    measured from its depth between checks); runs claimed for it count at once; a queue nobody
+    consumes is never paced (HOLD_UNCONSUMED_QUEUES decides)."""
+    import types
+
+    import redis
+
+    r = redis.Redis.from_url(broker.conf.broker_url)
+    live_worker("w@h", ["paced"])
+    gate = QueueGate(broker, 10**6, True, max_wait=2.0)
+    gate.hold_unconsumed = False
+    gate.probe.hold_unconsumed = False
+    try:
+        for q in ("paced", "unpaced"):
+            gate.destination("demo.tasks.noop", q)
+            r.lpush(q, *[b"m"] * 40)
+        gate.refresh(now=100.0)  # depth 40 each; no pace measured yet: nothing held
+        assert not gate.held("paced") and gate.allowance("paced") == float("inf")
+        r.rpop("paced", 10)  # its consumer took 10 in a second: 20 may wait (2 s of it), 30 do
+        r.rpop("unpaced", 40)
+        r.lpush("unpaced", *[b"m"] * 40)
+        gate.refresh(now=101.0)
+        assert gate.drain["paced"] == 10 and gate.states["paced"].state == "paced" and gate.held("paced")
+        assert "paced" in gate.claim_params()["held_queues"]
+        scrape = metrics.render().decode()
+        assert 'cron_queue_paced{queue="paced"} 1.0' in scrape and 'cron_queue_drain_rate{queue="paced"} 10.0' in scrape
+        assert not gate.held("unpaced")  # drained 40 too, but nobody consumes it per the health rows
+        r.rpop("paced", 15)  # 15/s now (12.5/s smoothed: 25 may wait); 15 do
+        gate.refresh(now=102.0)
+        assert gate.drain["paced"] == 12.5 and not gate.held("paced")
+        assert gate.claim_limit(1000) == 10  # a claim takes no more than the room left in it
+        gate.note([types.SimpleNamespace(task="demo.tasks.noop", queue="paced")] * 9)
+        assert not gate.held("paced")
+        gate.note([types.SimpleNamespace(task="demo.tasks.noop", queue="paced")])
+        assert gate.held("paced") and "paced" in gate.claim_params()["held_queues"]  # before the next check
     finally:
         gate.close()

@@ -59,8 +59,22 @@ def test_cron_cancel():
     a, b = cron_at_scale.schedule(noop), cron_at_scale.schedule(noop)
     out, _ = run("cron_cancel", str(a.id), str(b.id))
     assert Job.objects.filter(status="cancelled").count() == 2 and out.count("cancelled") == 2
+    c = cron_at_scale.schedule(noop)
     with pytest.raises(CommandError, match="2 of 3 jobs not cancelled"):
-        run("cron_cancel", str(a.id), "nope", str(cron_at_scale.schedule(noop).id))
+        run("cron_cancel", str(a.id), str(uuid.uuid4()), str(c.id))
+    assert Job.objects.get(id=c.id).status == "cancelled"
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("command", ["cron_cancel", "cron_requeue"])
+def test_a_malformed_job_id_is_named_and_changes_nothing(command):
+    a = cron_at_scale.schedule(noop)
+    Job.objects.filter(id=a.id).update(status="failed")
+    b = cron_at_scale.schedule(noop)
+    ids = [str(a.id), "not-a-uuid", str(b.id)] if command == "cron_cancel" else ["not-a-uuid"]
+    with pytest.raises(CommandError, match=r"JOB_ID.*not a job id.*'not-a-uuid'"):
+        run(command, *ids)
+    assert sorted(Job.objects.values_list("status", flat=True)) == ["failed", "pending"]
 
 
 @pytest.mark.django_db
@@ -113,7 +127,8 @@ def test_commands_as_processes():
     (["cron_schedule", "demo.tasks.nope"], "not a registered Celery task"),
     (["cron_schedule", "demo.tasks.noop", "--args", "{"], "not JSON"),
     (["cron_schedule", "demo.tasks.noop", "--at", "2030-01-01T09:00"], "give a UTC offset"),
-    (["cron_cancel", "not-a-uuid"], "is not a UUID"),
+    (["cron_cancel", "not-a-uuid"], "argument JOB_ID: not a job id (a UUID such as"),
+    (["cron_requeue", "not-a-uuid"], "argument JOB_ID: not a job id (a UUID such as"),
     (["cron_status", "--behind-after", "soon"], "not a number of seconds"),
     (["cron_purge", "--older-than", "7x"], "not a duration"),
     (["cron_purge", "--older-than", "7d", "--batch-size", "0"], "must be 1 or more"),

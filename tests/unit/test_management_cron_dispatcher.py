@@ -20,3 +20,11 @@ def test_a_logger_whose_only_way_out_is_the_last_resort_handler_shows_no_info():
     assert _shows(child, logging.INFO)
     child.propagate = False
     assert not _shows(child, logging.INFO)
+
+
+def test_metrics_bind_without_a_port_is_refused_before_anything_starts():
+    import pytest
+    from django.core.management import CommandError, call_command
+
+    with pytest.raises(CommandError, match="--metrics-bind needs --metrics-port"):
+        call_command("cron_dispatcher", "--metrics-bind", "0.0.0.0")

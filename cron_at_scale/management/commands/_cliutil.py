@@ -6,6 +6,7 @@ import argparse
 import json
 import math
 import re
+import uuid
 from collections.abc import Mapping
 from datetime import datetime
 
@@ -63,6 +64,19 @@ def aware_datetime(text: str) -> datetime:
 
 
 aware_datetime.__name__ = "datetime"
+
+
+def job_id(text: str) -> str:
+    """A job id (a UUID, any of its spellings) -> its canonical text. Parsed before the command runs,
+    so that one malformed id in a list stops it before it changes anything."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a job id (a UUID such as 0190a0c2-3b5e-7c1d-8f00-123456789abc): "
+                                         f"{text[:80]!r}") from None
+
+
+job_id.__name__ = "job id"
 
 
 def json_of(kind: type):

@@ -7,7 +7,7 @@ from django.db import DatabaseError
 
 import cron_at_scale
 from cron_at_scale import ValidationError
-from cron_at_scale.management.commands._cliutil import flag_error
+from cron_at_scale.management.commands._cliutil import flag_error, job_id
 from cron_at_scale.models import Job
 
 
@@ -19,7 +19,8 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("job_ids", nargs="+", metavar="JOB_ID", help="job UUIDs")
+        parser.add_argument("job_ids", nargs="+", metavar="JOB_ID", type=job_id,
+                            help="job UUIDs (a malformed one stops the command before it cancels any)")
 
     def handle(self, *args, **opts):
         try:
@@ -29,18 +30,18 @@ class Command(BaseCommand):
 
     def _cancel(self, opts):
         failed = []
-        for job_id in opts["job_ids"]:
+        for jid in opts["job_ids"]:
             try:
-                done = cron_at_scale.cancel(job_id)
+                done = cron_at_scale.cancel(jid)
             except ValidationError as e:
-                self.stderr.write(f"{job_id}: {flag_error(e, {'job_id': 'JOB_ID'})}")
-                failed.append(job_id)
+                self.stderr.write(f"{jid}: {flag_error(e, {'job_id': 'JOB_ID'})}")
+                failed.append(jid)
                 continue
             if done:
-                self.stdout.write(f"{job_id}: cancelled")
+                self.stdout.write(f"{jid}: cancelled")
                 continue
-            row = Job.objects.filter(id=job_id).values_list("status", flat=True).first()
-            self.stderr.write(f"{job_id}: " + (f"not cancelled, it is already {row}" if row else "no such job"))
-            failed.append(job_id)
+            row = Job.objects.filter(id=jid).values_list("status", flat=True).first()
+            self.stderr.write(f"{jid}: " + (f"not cancelled, it is already {row}" if row else "no such job"))
+            failed.append(jid)
         if failed:
             raise CommandError(f"{len(failed)} of {len(opts['job_ids'])} jobs not cancelled")

@@ -77,9 +77,14 @@ class Command(BaseCommand):
                                  "(default); all: claim from every shard, taking no lease")
         parser.add_argument("--max-seconds", type=_positive(float, 10**9), help="exit after this many seconds (for tests)")
         parser.add_argument("--metrics-port", type=_positive(int, 65535),
-                            help="serve Prometheus metrics on this port (http://host:PORT/metrics)")
+                            help="serve Prometheus metrics on this port (http://BIND:PORT/metrics)")
+        parser.add_argument("--metrics-bind", default=None, metavar="ADDRESS",
+                            help="address the metrics server listens on (default 127.0.0.1, this host only; "
+                                 "0.0.0.0 or :: for a scraper elsewhere, with CRON_AT_SCALE['METRICS_TOKEN'])")
 
     def handle(self, *args, **opts):
+        if opts["metrics_bind"] is not None and not opts["metrics_port"]:
+            raise CommandError("--metrics-bind needs --metrics-port")
         level = logging.INFO if opts["verbosity"] >= 2 else logging.WARNING
         logger = logging.getLogger("cron_at_scale")
         logger.setLevel(level)
@@ -101,7 +106,11 @@ class Command(BaseCommand):
         if opts["metrics_port"]:
             from cron_at_scale.ops import metrics
 
-            metrics.serve(opts["metrics_port"])
+            try:
+                metrics.serve(opts["metrics_port"], opts["metrics_bind"] or metrics.DEFAULT_BIND)
+            except OSError as e:
+                raise CommandError(f"--metrics-port {opts['metrics_port']} / --metrics-bind "
+                                   f"{opts['metrics_bind'] or metrics.DEFAULT_BIND}: cannot listen there: {e}") from None
         dispatcher.install_signal_handlers()
         if opts["verbosity"] >= 1:
             self.stdout.write(f"dispatcher {dispatcher.name} running (Ctrl-C to stop)")

@@ -9,7 +9,7 @@ from django.db import DatabaseError
 
 from cron_at_scale import ValidationError
 from cron_at_scale.api.schedule import requeue
-from cron_at_scale.management.commands._cliutil import flag_error
+from cron_at_scale.management.commands._cliutil import flag_error, job_id
 
 
 def _aware(text: str) -> datetime:
@@ -36,7 +36,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("job_id", nargs="?", help="the job's UUID")
+        parser.add_argument("job_id", nargs="?", metavar="JOB_ID", type=job_id, help="the job's UUID")
         parser.add_argument("--task", help="only failed jobs of this task name")
         parser.add_argument("--queue", help="only failed jobs on this queue")
         parser.add_argument("--failed-after", type=_aware, help="ISO-8601 with offset, e.g. 2030-01-01T00:00+00:00")
