@@ -136,8 +136,10 @@ class Dispatcher:
                 self.shards.floors.reset()
             shards = self.shards.claim_params()
             lookahead = self.preload.lookahead(held=len(self.held))
+            nested = transaction.get_connection().in_atomic_block
             with transaction.atomic():
-                db.run("claim_settings", {"idle_ms": self.claim_idle_ms}, fetch="count", retries=0)
+                db.run("claim_settings", {"idle_ms": None if nested else self.claim_idle_ms}, fetch="count",
+                       retries=0)
                 t1 = time.monotonic()
                 # a queue being paced (MAX_QUEUE_WAIT) bounds the batch by the room left in it
                 rows = db.run("claim", {"limit": self.queues.claim_limit(self.batch_size), "dispatcher": self.name,

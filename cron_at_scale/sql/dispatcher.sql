@@ -27,8 +27,11 @@
 -- whole stall, and the peer that takes its shards would skip them. The server ends the
 -- session instead; the claim rolls back (its jobs stay pending, nothing was published:
 -- publishing starts after the commit) and the rows are free by the time the shards move.
+-- %(idle_ms)s NULL (a claim nested in its caller's transaction, as in tests): the caller's own
+-- setting stays, since the bound would also end the caller's transaction after the claim.
 SET LOCAL synchronous_commit = off; SET LOCAL enable_sort = off; SET LOCAL jit = off;
-SET LOCAL idle_in_transaction_session_timeout = %(idle_ms)s;
+SELECT set_config('idle_in_transaction_session_timeout',
+                  COALESCE(%(idle_ms)s::text, current_setting('idle_in_transaction_session_timeout')), true);
 
 -- name: claim  -- run by: cron_at_scale.dispatcher.loop
 -- Claim up to %(limit)s jobs due within %(lookahead)s seconds, of the shards
