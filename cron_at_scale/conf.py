@@ -68,8 +68,10 @@ DEFAULTS: dict[str, Any] = {
     # Dead-letter queue: where failed jobs are announced.
     "DLQ_QUEUE": "cron_at_scale.dlq",
     # Seconds after which completed and cancelled jobs (and their attempts) are
-    # deleted by the dispatchers, in small batches; None keeps them (cron_purge by hand).
-    "RETENTION": None,
+    # deleted by the dispatchers, in small batches. 30 days: a month of history to look back
+    # on, and a table that stops growing (at 10,000 jobs/s, keeping everything adds 864M rows
+    # a day). None keeps them forever (cron_purge by hand). Failed jobs are never deleted.
+    "RETENTION": 30 * 86400.0,
     # Seconds a recurring job's due occurrence may go without a successful run before the job is
     # overdue (cron_at_scale.maintenance.overdue), unless the job sets its own (schedule(..., grace=)).
     # 300: the default catch-up window; a deploy or a restart is caught up within it, so
@@ -146,7 +148,7 @@ def problems() -> list[str]:
                 "METRICS_JOB_KEYS"):
         if not isinstance(user.get(key, DEFAULTS[key]), bool):
             out.append(f"CRON_AT_SCALE[{key!r}] must be True or False, got {user[key]!r}")
-    retention = user.get("RETENTION")
+    retention = user.get("RETENTION", DEFAULTS["RETENTION"])
     if retention is not None and (isinstance(retention, bool) or not isinstance(retention, (int, float))
                                   or retention < 0):
         out.append(f"CRON_AT_SCALE['RETENTION'] must be seconds >= 0 or None, got {retention!r}")

@@ -17,9 +17,11 @@ The hot path never waits on a purge: the claim only reads pending rows
 (another index) and the purge only locks finished ones.
 
 :class:`Retention` is the dispatcher's loop (a :class:`~cron_at_scale.maintenance.loop.Loop`,
-run in its idle time): with the ``RETENTION`` setting (seconds; ``None``, the default, turns
-it off) it purges at most every ``RETENTION_INTERVAL`` seconds for at most
-``RETENTION_BUDGET`` seconds.
+run in its idle time): with the ``RETENTION`` setting (seconds, 30 days by default; ``None``
+turns it off) it purges at most every ``RETENTION_INTERVAL`` seconds for at most
+``RETENTION_BUDGET`` seconds; while a pass ends with more left to purge (jobs finish faster
+than one pass a minute deletes them), the next comes after ``RETENTION_BUDGET`` seconds
+instead, so that the purge keeps up with the fire rate in at most half the idle time.
 """
 
 from __future__ import annotations
@@ -45,12 +47,20 @@ _NIL = "00000000-0000-0000-0000-000000000000"
 
 def purge(older_than_seconds: float, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False,
           budget_seconds: float | None = None) -> tuple[int, int]:
+    jobs, attempts, _more = purge_pass(older_than_seconds, batch_size, dry_run, budget_seconds)
+    return jobs, attempts
+
+
+def purge_pass(older_than_seconds: float, batch_size: int = DEFAULT_BATCH_SIZE, dry_run: bool = False,
+               budget_seconds: float | None = None) -> tuple[int, int, bool]:
     """Delete completed and cancelled jobs last updated more than ``older_than_seconds`` ago (database
     clock), and their attempts. Returns ``(jobs, attempts)`` deleted (with ``dry_run``: that would be).
 
     ``batch_size``: rows per delete statement and per transaction. ``budget_seconds``: stop after
     the chunk that crosses it (None: run to the end). Raises ``ValueError`` for a negative age or a
     batch size below 1. Safe beside running dispatchers and with several purges at once.
+    (:func:`purge_pass` returns a third value: True when it stopped on the budget with a full
+    chunk behind it, more may be left.)
     """
     if not isinstance(older_than_seconds, (int, float)) or isinstance(older_than_seconds, bool) \
             or older_than_seconds < 0:
@@ -61,6 +71,7 @@ def purge(older_than_seconds: float, batch_size: int = DEFAULT_BATCH_SIZE, dry_r
     (cutoff,) = db.run("retention_cutoff", {"age": float(older_than_seconds)}, fetch="one", retries=0)
     after_at, after_id = _EPOCH, _NIL
     jobs = attempts = 0
+    more = False
     while True:
         chunk = db.run("retention_chunk", {"cutoff": cutoff, "after_at": after_at, "after_id": after_id, "n": batch_size},
                        retries=0)
@@ -80,20 +91,25 @@ def purge(older_than_seconds: float, batch_size: int = DEFAULT_BATCH_SIZE, dry_r
                     break
             with transaction.atomic():
                 jobs += db.run("retention_delete_jobs", {"ids": ids, "cutoff": cutoff}, fetch="count", retries=0)
-        if len(chunk) < batch_size or (deadline is not None and time.monotonic() > deadline):
+        if len(chunk) < batch_size:
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            more = True
             break
     if jobs or attempts:
         log.info("purged %d jobs and %d attempts older than %.0fs%s", jobs, attempts, older_than_seconds,
                  " (dry run)" if dry_run else "")
-    return jobs, attempts
+    return jobs, attempts, more
 
 
 def setting() -> float | None:
     """The ``RETENTION`` setting: seconds after which finished jobs are purged by the dispatcher, or None."""
     from django.conf import settings
 
+    from cron_at_scale.conf import DEFAULTS
+
     user = getattr(settings, "CRON_AT_SCALE", None) or {}
-    value = user.get("RETENTION")
+    value = user.get("RETENTION", DEFAULTS["RETENTION"])
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
@@ -105,7 +121,8 @@ class Retention(Loop):
     """The dispatcher's loop, in its idle time: purges finished jobs older than ``retention``
     seconds (default: the ``RETENTION`` setting, read at each call; None: off) at most every
     ``interval`` seconds (``RETENTION_INTERVAL``), for at most ``budget`` seconds
-    (``RETENTION_BUDGET``). ``maybe_run()`` returns ``(jobs, attempts)`` deleted."""
+    (``RETENTION_BUDGET``); after a pass that left more behind, again after ``budget`` seconds.
+    ``maybe_run()`` returns ``(jobs, attempts)`` deleted."""
 
     name = "retention purge"
     idle = (0, 0)
@@ -116,6 +133,7 @@ class Retention(Loop):
         super().__init__(interval)
         self.retention = retention
         self.budget = budget
+        self.behind = False  # the last pass stopped on its budget with more to purge
 
     def older_than(self) -> float | None:
         """Seconds after which a finished job goes: ``retention``, else the setting; None: off."""
@@ -128,4 +146,13 @@ class Retention(Loop):
         older_than = self.older_than()
         if older_than is None:
             return 0, 0
-        return purge(older_than, budget_seconds=self.budget)
+        self.behind = False
+        jobs, attempts, self.behind = purge_pass(older_than, budget_seconds=self.budget)
+        return jobs, attempts
+
+    def next_pass(self, started: float, seconds: float) -> float:
+        """Behind: the next pass after as long as this one took (at least ``budget``), so that a
+        purge that cannot keep up in one pass a minute takes at most half the idle time."""
+        if self.behind:
+            return started + seconds + max(seconds, self.budget)
+        return started + self.interval

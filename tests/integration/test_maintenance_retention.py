@@ -50,13 +50,37 @@ def test_purge_refuses_bad_input():
         retention.purge(60, batch_size=0)
 
 
-def test_maybe_purge_is_off_by_default_and_runs_at_most_once_per_interval(settings):
-    job("completed", 10)
+def test_maybe_purge_keeps_30_days_by_default_none_keeps_all_and_runs_at_most_once_per_interval(settings):
+    settings.CRON_AT_SCALE = {}  # RETENTION unset: 30 days
+    month_old, recent = job("completed", 31), job("completed", 10)
     loop = retention.Retention()  # a dispatcher's: the timer is its own
-    assert loop.maybe_run(now=1e9) == (0, 0)  # RETENTION unset: off
+    assert loop.maybe_run(now=1e9 - 1000) == (1, 1)
+    assert set(Job.objects.values_list("id", flat=True)) == {recent.id} != {month_old.id}
+    settings.CRON_AT_SCALE = {"RETENTION": None}  # kept forever
+    assert retention.Retention().maybe_run(now=1e9) == (0, 0)
     assert Job.objects.count() == 1
     settings.CRON_AT_SCALE = {"RETENTION": 7 * DAY}
     assert loop.maybe_run(now=1e9) == (1, 1)
     job("completed", 10)
     assert loop.maybe_run(now=1e9 + 1) == (0, 0)  # within RETENTION_INTERVAL
     assert loop.maybe_run(now=1e9 + retention.RETENTION_INTERVAL + 1) == (1, 1)
+
+
+def test_a_purge_that_falls_behind_comes_back_after_its_budget_not_its_interval(settings):
+    """Jobs finishing faster than one pass a minute purges: a pass that stops on its budget with
+    more left is followed by another after about as long as it took, until it has caught up."""
+    settings.CRON_AT_SCALE = {"RETENTION": 7 * DAY}
+    for _ in range(3 * retention.DEFAULT_BATCH_SIZE // 1000 + 1):
+        cron_at_scale.schedule_many([{"task": "demo.tasks.noop"} for _ in range(1000)])
+    sql("UPDATE cron_at_scale_job SET status = 'completed', updated_at = now() - interval '8 days'")
+    total = Job.objects.count()
+    loop = retention.Retention(budget=0.0)  # every pass stops after its first chunk
+    assert loop.maybe_run(now=1e9) == (retention.DEFAULT_BATCH_SIZE, 0)
+    assert loop.behind and loop._next < 1e9 + 1.0  # noqa: SLF001 (its own timer)
+    passes = 1
+    while loop.behind:
+        passes += 1
+        loop.maybe_run(now=loop._next)  # noqa: SLF001
+    n = -(-total // retention.DEFAULT_BATCH_SIZE)
+    assert Job.objects.count() == 0 and passes in (n, n + 1)  # (+1: a last full chunk, then an empty one)
+    assert loop._next >= 1e9 + retention.RETENTION_INTERVAL - 5.0  # noqa: SLF001 (caught up: a minute again)
