@@ -18,8 +18,15 @@ steady           ``--pending`` future jobs (a day to a month ahead) bulk-loaded 
                  One ``manage.py cron_dispatcher`` fires them to Redis; a consumer process
                  takes the messages off the broker as fast as they come (``BRPOP`` then
                  ``RPOP`` of up to 5,000), so no worker's speed enters the figures.
-blocked-vacuum   the same, with a transaction (``BEGIN; SELECT txid_current();`` then idle)
-                 held open in another connection for ``--block-minutes`` in the middle.
+blocked-vacuum   the same, with a transaction (``BEGIN ISOLATION LEVEL REPEATABLE READ``, a
+                 snapshot and ``txid_current()``, then idle) held open in another connection for
+                 ``--block-minutes`` in the middle.
+lifecycle        the blocked-vacuum run with each job's whole life in PostgreSQL: the consumer
+                 starts and finishes every message it takes with the workers' own statement
+                 (``start_attempt``, which also carries the previous one's success), all of a
+                 batch in one transaction (standing in for Celery workers, whose speed is not
+                 measured here), and ``RETENTION`` of ``--retention`` seconds, so that the
+                 dispatcher's purge deletes finished jobs at the fire rate throughout.
 dead-dispatcher  two dispatchers sharing the 64 shards; one is killed -9 in the middle: the
                  lateness of its shards' jobs until the other takes them over.
 workers          the same stream fired to real ``celery worker`` processes (``--workers``, a
@@ -78,9 +85,14 @@ import run as benchrun  # noqa: E402  (bench/run.py: the W3 load, /proc readers)
 TASK = benchrun.TASK
 QUEUE = "celery"
 RECEIVED = "soak:received"  # the consumer's running count (a Redis key), read by the orchestrator
-SCENARIOS = ("steady", "blocked-vacuum", "dead-dispatcher", "workers", "recurring")
+SCENARIOS = ("steady", "blocked-vacuum", "dead-dispatcher", "workers", "recurring", "lifecycle")
+FINISHED = "soak:finished"  # lifecycle: attempts the consumer started and finished (a Redis key)
 CPU_KEYS = ("dispatcher", "feeder", "consumer", "broker", "pg_backends", "autovacuum", "pg_aux", "workers", "bench")
 TABLES = ("cron_at_scale_job", "cron_at_scale_jobattempt")
+# Every table a fire, a batch or a heartbeat updates in place: the single-row counters and leases
+# whose dead versions pile up while a held-open transaction keeps vacuum from reclaiming them.
+SMALL_TABLES = {"cron_at_scale_shardlease": "shardlease", "cron_at_scale_dispatcherheartbeat": "dispatcherheartbeat",
+                "cron_at_scale_workerhealth": "workerhealth"}
 WAIT_KEYS = ("dispatcher", "pg_backends", "feeder", "consumer")  # their time runnable but waiting for a CPU too
 
 
@@ -106,6 +118,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--block-minutes", type=float, help="blocked-vacuum: minutes the transaction stays open "
                    "(default 5, at most half the stream)")
     p.add_argument("--batch-size", type=int, help="dispatcher batch size (default: the setting, 1000)")
+    p.add_argument("--retention", type=float, default=60.0,
+                   help="lifecycle: RETENTION seconds, finished jobs purged after this (60)")
+    p.add_argument("--lifecycle", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--autovacuum-scale-factor", type=float, help="the job table's autovacuum_vacuum_scale_factor "
                    "for this run (default: PostgreSQL's, 0.2)")
     p.add_argument("--workers", type=int, default=2, help="workers scenario: celery worker processes (2)")
@@ -202,9 +217,31 @@ def consumer(args) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     client = redis_client(os.environ["CELERY_BROKER_URL"])
     fire_ats, lates, shards = [], [], []
-    key_f, key_j = b'"fire_at": "', b'"job_id": "'
+    key_f, key_j, key_a = b'"fire_at": "', b'"job_id": "', b'"attempt": '
     parse = datetime.fromisoformat
     received = 0
+    live = None
+    if args.lifecycle:  # start and finish each message with the workers' statement, a batch per transaction
+        import uuid
+
+        import django
+
+        django.setup()
+        from django.db import transaction
+
+        from cron_at_scale.worker.attempts import write
+
+        def live(pairs):
+            done, finished = [], 0
+            with transaction.atomic():
+                for jid, att in pairs:
+                    row = write(jid, att, "soak-consumer", str(uuid.uuid4()), done)
+                    finished += len(done)
+                    done = [(jid, att)] if row is not None and row.outcome == "running" else []
+                if done:
+                    write(None, 0, "", None, done)
+                    finished += len(done)
+            client.incrby(FINISHED, finished)
     try:
         while not stop:
             got = client.brpop(QUEUE, timeout=0.2)
@@ -220,11 +257,15 @@ def consumer(args) -> int:
                 now2 = now
             f = np.empty(len(batch))
             s = np.empty(len(batch), dtype=np.int8)
+            pairs = []
             for i, m in enumerate(batch):
                 a = m.index(key_f) + len(key_f)
                 f[i] = parse(m[a:m.index(b'"', a)].decode()).timestamp()
                 b = m.index(key_j) + len(key_j)
                 s[i] = (int(m[b + 28:b + 36], 16) & 0x7FFFFFFF) % 64  # the job's shard, as models.Job.shard
+                if live is not None:
+                    c = m.index(key_a) + len(key_a)
+                    pairs.append((m[b:b + 36].decode(), int(m[c:m.index(b",", c)])))
             late = np.full(len(batch), now2)
             late[0] = now
             fire_ats.append(f)
@@ -232,6 +273,8 @@ def consumer(args) -> int:
             shards.append(s)
             received += len(batch)
             client.incrby(RECEIVED, len(batch))
+            if live is not None:
+                live(pairs)
     finally:
         client.close()
 
@@ -375,10 +418,10 @@ class Soak:
         rows = self.q("""SELECT s.relname, pg_relation_size(s.relid), pg_indexes_size(s.relid), s.n_live_tup,
                                 s.n_dead_tup, s.autovacuum_count, s.n_tup_ins, s.n_tup_upd, s.n_tup_hot_upd, s.n_tup_del,
                                 s.last_autovacuum
-                         FROM pg_stat_user_tables s WHERE s.relname = ANY(%s)""", [list(TABLES)])
+                         FROM pg_stat_user_tables s WHERE s.relname = ANY(%s)""", [[*TABLES, *SMALL_TABLES]])
         out = {}
         for name, heap, idx, live, dead, av, ins, upd, hot, dele, last in rows:
-            out["job" if name == TABLES[0] else "attempt"] = {
+            out[SMALL_TABLES.get(name) or ("job" if name == TABLES[0] else "attempt")] = {
                 "heap_bytes": heap, "index_bytes": idx, "live": live, "dead": dead, "autovacuum_count": av,
                 "ins": ins, "upd": upd, "hot_upd": hot, "del": dele, "last_autovacuum": str(last) if last else None}
         return out
@@ -396,6 +439,7 @@ class Soak:
             received = int(self.redis.get(RECEIVED) or 0)
         return {"t": time.time(), "lsn": lsn, "due_unclaimed": backlog, "oldest_due_s": float(oldest or 0.0),
                 "broker_depth": self.redis.llen(QUEUE), "received": received,
+                "finished": int(self.redis.get(FINISHED) or 0),
                 "tables": self.tables(), "cpu": self.cpu_now()}
 
     def wal_bytes(self, a: str, b: str) -> int:
@@ -436,7 +480,7 @@ class Soak:
         argv = [sys.executable, str(Path(__file__).resolve()), "--role", role, "--result", str(self.tmp / f"{role}.out"),
                 "--rate", str(self.args.rate), "--minutes", str(self.args.minutes), "--lead", str(self.args.lead)]
         for k, v in extra.items():
-            argv += [f"--{k}", str(v)]
+            argv += [f"--{k}"] if v == "" else [f"--{k}", str(v)]  # "": a flag
         return self.spawn(role, argv, env)
 
     def stop_child(self, name: str, sig=signal.SIGTERM, timeout: float = 30.0) -> None:
@@ -487,13 +531,16 @@ class Soak:
         if a.autovacuum_scale_factor is not None:  # a per-table setting, to weigh against the default
             self.q(f"ALTER TABLE cron_at_scale_job SET (autovacuum_vacuum_scale_factor = {a.autovacuum_scale_factor:g})")
             out["autovacuum_vacuum_scale_factor"] = a.autovacuum_scale_factor
-        self.redis.delete(QUEUE, RECEIVED)
+        self.redis.delete(QUEUE, RECEIVED, FINISHED)
         self.q("DELETE FROM cron_at_scale_shardlease")
         self.q("DELETE FROM cron_at_scale_dispatcherheartbeat")
         workers = sc == "workers"
         # No worker starts the attempts the consumer takes: a long dispatch lease keeps the reaper
         # from firing them again, and the consumed queue is not "unconsumed" (no worker health row).
         settings = {} if workers else {"HOLD_UNCONSUMED_QUEUES": False, "DISPATCH_LEASE": 3600.0}
+        if sc == "lifecycle":
+            settings["RETENTION"] = a.retention
+            out["retention_s"] = a.retention
         from cron_at_scale import conf
 
         out["shard_lease"] = float(conf.get("SHARD_LEASE"))
@@ -507,7 +554,7 @@ class Soak:
                 self.procs.worker(name, concurrency=a.concurrency, extra=["--include", "bench.tasks"])
             wait_for_workers(self.app, names)
         else:
-            self.start_role("consumer", env)
+            self.start_role("consumer", env, **({"lifecycle": ""} if sc == "lifecycle" else {}))
         dispatchers = ["dispatcher-1", "dispatcher-2"] if sc == "dead-dispatcher" else ["dispatcher-1"]
         for name in dispatchers:
             self.start_dispatcher(name, env)
@@ -528,7 +575,7 @@ class Soak:
         self.q("TRUNCATE cron_at_scale_jobattempt")
         self.q("DELETE FROM cron_at_scale_job WHERE fire_at < statement_timestamp() + interval '1 hour'")
         self.q("VACUUM cron_at_scale_job")
-        self.redis.delete(RECEIVED)
+        self.redis.delete(RECEIVED, FINISHED)
         self.q("CHECKPOINT")  # every run starts right after a checkpoint: its full-page images count alike
 
         seconds = int(round(a.minutes * 60))
@@ -539,7 +586,7 @@ class Soak:
         start_sample = samples[0]
         events: list[dict] = []
         block = None
-        if sc == "blocked-vacuum":
+        if sc in ("blocked-vacuum", "lifecycle"):
             block_s = a.block_minutes * 60
             block_from = base + (seconds - block_s) / 2
             block = {"from": block_from, "to": block_from + block_s}
@@ -575,7 +622,8 @@ class Soak:
                 c = self.cpu_delta(prev["cpu"], s["cpu"], s["t"] - prev["t"])
                 say(f"  {s['t'] - base:6.0f}s: received {s['received']:,}, due unclaimed {s['due_unclaimed']:,}, "
                     f"broker {s['broker_depth']:,}, WAL {self.wal_bytes(prev['lsn'], s['lsn']) / 2**20:.1f} MiB, "
-                    f"job dead {s['tables']['job']['dead']:,}; cores: dispatcher {c['dispatcher']:.2f} "
+                    f"finished {s['finished'] - prev['finished']:,}, job dead {s['tables']['job']['dead']:,} "
+                    f"live {s['tables']['job']['live']:,}, attempt dead {s['tables']['attempt']['dead']:,}; cores: dispatcher {c['dispatcher']:.2f} "
                     f"postgres {c['pg_backends']:.2f} autovacuum {c['autovacuum']:.2f} feeder {c['feeder']:.2f} "
                     f"consumer {c['consumer']:.2f}; waiting for a CPU: dispatcher {c['wait_dispatcher']:.2f} "
                     f"postgres {c['wait_pg_backends']:.2f} (load {os.getloadavg()[0]:.1f})")
@@ -629,12 +677,15 @@ class Soak:
         return got
 
     def hold_transaction(self):
-        """A connection of its own: BEGIN; SELECT txid_current(); then idle (holds back every vacuum)."""
+        """A connection of its own: a REPEATABLE READ transaction that took its snapshot (an analytics
+        query's, a forgotten BEGIN's) and an xid, then idle: it holds back every vacuum's horizon."""
         from django.db import connections
 
         conn = connections.create_connection("default")  # a second connection, as Django's backend makes it
         conn.set_autocommit(False)
         with conn.cursor() as cur:
+            cur.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            cur.execute("SELECT count(*) FROM (SELECT 1 FROM cron_at_scale_job LIMIT 1000) AS s")
             cur.execute("SELECT txid_current()")
             (xid,) = cur.fetchone()
         return conn, xid
@@ -654,7 +705,9 @@ class Soak:
         received = last["received"]
         wal = self.wal_bytes(first["lsn"], last["lsn"])
         span = last["t"] - first["t"]
-        out: dict = {"fired": received, "wal_bytes": wal,
+        finished = last.get("finished", 0)
+        out: dict = {"fired": received, "wal_bytes": wal, "finished": finished,
+                     "wal_bytes_per_finished_job": round(wal / finished, 1) if finished else None,
                      "wal_bytes_per_job": round(wal / received, 1) if received else None,
                      "cpu_cores": self.cpu_delta(first["cpu"], last["cpu"], span),
                      "cpu_ms_per_job": {k: round(v * span * 1000 / received, 4) if received else None
@@ -680,6 +733,10 @@ class Soak:
                            "oldest_due_s": round(s["oldest_due_s"], 3), "broker_depth": s["broker_depth"],
                            "job_dead": j["dead"], "job_live": j["live"], "job_heap": j["heap_bytes"],
                            "job_index": j["index_bytes"], "attempt_dead": s["tables"]["attempt"]["dead"],
+                           "finished": s.get("finished", 0) - prev.get("finished", 0),
+                           "tables": {k: {f: v[f] for f in ("live", "dead", "heap_bytes", "index_bytes",
+                                                            "autovacuum_count", "upd", "del")}
+                                      for k, v in s["tables"].items()},
                            "autovacuum_job": j["autovacuum_count"],
                            "autovacuum_attempt": s["tables"]["attempt"]["autovacuum_count"],
                            "cpu": self.cpu_delta(prev["cpu"], s["cpu"], dt)})
@@ -886,6 +943,13 @@ def targets(r: dict) -> list[dict]:
         rows = [x["p99"] for x in lat.get("series") or [] if x.get("p99") is not None]
         add(f"p99 lateness, every {int(r.get('every', 10))} s window (ms)", max(rows) if rows else None, "<", 100)
         add("p99 lateness, whole run (ms)", (lat.get("overall") or {}).get("p99"), "<", 100)
+    if sc == "lifecycle":
+        rows = [x["p99"] for x in lat.get("series") or [] if x.get("p99") is not None]
+        add(f"p99 lateness, every {int(r.get('every', 10))} s window, pin included (ms)", max(rows) if rows else None,
+            "<", 100)
+        if r.get("fired"):
+            add("finished / fired (x)", round(r.get("finished", 0) / r["fired"], 4), ">=", 1.0)
+        add("WAL bytes per job, whole life", r.get("wal_bytes_per_finished_job"), "<=", 1024)
     if sc == "blocked-vacuum":
         blocked = [x["p99"] for x in lat.get("series") or [] if x.get("p99") is not None]
         add("blocked: p99 lateness, worst 10 s window (ms)", max(blocked) if blocked else None, "<", 250)

@@ -300,6 +300,10 @@ class SlowLink:
                 client.close()
                 continue
             self._open += [client, upstream]
+            if self._closed:  # closed while this one connected: close() may have missed the pair
+                client.close()
+                upstream.close()
+                return
             for src, dst in ((client, upstream), (upstream, client)):
                 threading.Thread(target=self._pump, args=(src, dst), daemon=True, name="slowlink").start()
 
@@ -312,10 +316,11 @@ class SlowLink:
                 dst.sendall(data)
         except OSError:
             pass
-        finally:
+        finally:  # either way ends both: closed here, none is left for the garbage collector to warn of
             for s in (src, dst):
                 with contextlib.suppress(OSError):
                     s.shutdown(socket.SHUT_RDWR)
+                s.close()
 
     def close(self) -> None:
         self._closed = True

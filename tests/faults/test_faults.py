@@ -896,7 +896,7 @@ def test_long_tasks_on_healthy_workers_run_once_under_their_first_attempt(env, t
 # A worker stalled longer than RUN_LEASE mid-task: its success still counts
 # ---------------------------------------------------------------------------
 
-STALL = {**BASE, "RUN_LEASE": 2.0, "HEARTBEAT_INTERVAL": 0.5, "REAPER_INTERVAL": 0.25}
+WORKER_STALL = {**BASE, "RUN_LEASE": 2.0, "HEARTBEAT_INTERVAL": 0.5, "REAPER_INTERVAL": 0.25}
 
 
 def test_the_success_of_a_worker_stalled_past_its_run_lease_is_recorded(env, tmp_path):
@@ -904,7 +904,7 @@ def test_the_success_of_a_worker_stalled_past_its_run_lease_is_recorded(env, tmp
     does) in the middle of a task for longer than RUN_LEASE is reaped, its job fired again; resumed,
     its run returns, and that success is recorded on its attempt and completes the job. The runs
     are counted in a file ledger; no (job, attempt) runs twice."""
-    s = env.system(STALL)
+    s = env.system(WORKER_STALL)
     s.worker("wa", concurrency=1, extra=["--prefetch-multiplier", "1"])
     s.dispatcher("d1")
     s.wait_workers(["wa"])
@@ -919,7 +919,7 @@ def test_the_success_of_a_worker_stalled_past_its_run_lease_is_recorded(env, tmp
         # Reaped and fired again while the worker stands still: attempt 1 lost, attempt 2 dispatched.
         faultkit._wait(lambda: env.db.q("SELECT attempt, outcome FROM cron_at_scale_jobattempt WHERE job_id = %s "
                                         "ORDER BY attempt", (job,))[:2] == [(1, "lost"), (2, "dispatched")],
-                       STALL["RUN_LEASE"] + 20, "the stalled attempt to be reaped and fired again")
+                       WORKER_STALL["RUN_LEASE"] + 20, "the stalled attempt to be reaped and fired again")
         stalled_for = time.monotonic() - t0
     finally:
         os.killpg(pgid, signal.SIGCONT)
