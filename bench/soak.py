@@ -249,7 +249,7 @@ def consumer(args) -> int:
                 continue
             batch = [got[1]]
             now = time.time()
-            more = client.rpop(QUEUE, 5000)
+            more = client.rpop(QUEUE, 999 if live is not None else 5000)  # lifecycle: short transactions
             if more:
                 batch += more
                 now2 = time.time()

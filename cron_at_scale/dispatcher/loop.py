@@ -31,7 +31,7 @@ from cron_at_scale.dispatcher.shards import AllShards, ShardLeases
 from cron_at_scale.dispatcher.timers import TIMER_SLICE, HeldRuns
 from cron_at_scale.dispatcher.wakeup import Wakeup
 from cron_at_scale.maintenance.history import HistoryTrim
-from cron_at_scale.maintenance.loop import Loop
+from cron_at_scale.maintenance.loop import Loop, LoopThread
 from cron_at_scale.maintenance.overdue import OverdueWatch
 from cron_at_scale.maintenance.reaper import Reaper
 from cron_at_scale.maintenance.retention import Retention
@@ -96,6 +96,9 @@ class Dispatcher:
         # every step before the claim; the idle_only ones (retention, history trim) only when idle.
         # The floor probe (below) has the same shape but runs on a thread of its own.
         self.maintenance: list[Loop] = [self.reaper, self.overdue, Retention(), HistoryTrim()]
+        # in run(): the idle_only loops on a thread of their own, so that a purge catching up with
+        # the fire rate never delays a claim (step() runs them inline when the thread is not running)
+        self.background = LoopThread([loop for loop in self.maintenance if loop.idle_only], "cron_at_scale-maintenance")
         ttl = float(conf.get("SHARD_LEASE"))
         self.shards = (AllShards(self.batch_size) if shards == "all"
                        else ShardLeases(self.name, ttl, self.batch_size))
@@ -294,7 +297,7 @@ class Dispatcher:
             self.fire_timers(wait=wait)
         if claim and not self.more_due and self.preload.due(now):  # a burst coming: claim it now
             self.more_due = self.look_ahead() > self.preload.base
-        if not self.more_due:  # idle time only: retention never holds up a busy loop
+        if not self.more_due and not self.background.running:  # idle time only: never holds up a busy loop
             for loop in self.maintenance:  # retention, the history trim
                 if loop.idle_only:
                     loop.maybe_run()
@@ -316,6 +319,7 @@ class Dispatcher:
         claim_at = 0.0  # monotonic time of the next claim: the poll, sooner on a full batch or a wake-up
         self.held.start(lambda: self.fire_timers(wait=False))  # held runs go out whatever the loop does
         self.floor_probe.start()
+        self.background.start()
         # Django, Celery and kombu leave ~10^6 objects behind their imports; each full collection
         # walked them all (40-60 ms, about once a second at 10,000 jobs/s: every thread stopped,
         # held runs late). Frozen, a collection walks only what the loop made since (Python's gc.freeze).
@@ -357,6 +361,7 @@ class Dispatcher:
     def close(self) -> None:
         """Publish held runs at their time, give back shard leases, close connections."""
         self.floor_probe.stop()
+        self.background.stop()
         self._drain_timers()
         self.sender.close()
         try:

@@ -12,7 +12,7 @@ statements that change them, and the reaper's re-fire limit is carried from atte
 attempt (``occurrence_losses``). So trimming changes no figure but the rows shown.
 
 :class:`HistoryTrim` is the dispatcher's loop (a :class:`~cron_at_scale.maintenance.loop.Loop`),
-run in its idle time: every ``TRIM_INTERVAL``
+run on its maintenance thread: every ``TRIM_INTERVAL``
 seconds one statement finds the jobs to trim (an index probe per recurring job: the
 oldest attempt), then deletes their extra rows oldest first, ``batch_size`` rows of up to
 ``JOBS_PER_STATEMENT`` jobs per statement, each its own short transaction (asynchronous
@@ -84,7 +84,7 @@ def trim(keep: int | None, max_age: float | None = None, batch_size: int = DEFAU
 
 
 class HistoryTrim(Loop):
-    """The dispatcher's loop, in its idle time: trims with the ``HISTORY_PER_JOB`` and
+    """The dispatcher's loop, on its maintenance thread: trims with the ``HISTORY_PER_JOB`` and
     ``HISTORY_MAX_AGE`` settings (read at each pass) at most every ``interval`` seconds
     (``TRIM_INTERVAL``), for at most ``budget`` seconds (``TRIM_BUDGET``). ``maybe_run()``
     returns the rows deleted."""

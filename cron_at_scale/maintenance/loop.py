@@ -20,10 +20,14 @@ the next pass comes after the interval. Nothing else escapes into the claim loop
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from django.db import InterfaceError, OperationalError
+
+log = logging.getLogger(__name__)
 
 CONNECTION_ERRORS = (OperationalError, InterfaceError)  # the caller's: it pauses and resets the connection
 
@@ -91,3 +95,52 @@ class Loop:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} every {self.interval:g}s>"
+
+
+class LoopThread:
+    """Runs ``loops`` (their ``maybe_run()``) every ``tick`` seconds on a thread of their own, on
+    a database connection of its own (Django's are per thread), so that a long pass (a purge
+    catching up, a history trim) never holds up the loop that claims and publishes. A connection
+    error is logged and the connection reset (the next tick tries again); other errors follow
+    the loops' own policy (``run_pass``). ``start()``/``stop()``; ``running`` while the thread is."""
+
+    def __init__(self, loops: Sequence[Loop], name: str, tick: float = 0.2) -> None:
+        self.loops = list(loops)
+        self.name = name
+        self.tick = tick
+        self.stopping = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.thread is not None
+
+    def start(self) -> None:
+        if self.thread is None:
+            self.stopping.clear()
+            self.thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
+            self.thread.start()
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.stopping.set()
+            self.thread.join()
+            self.thread = None
+
+    def _loop(self) -> None:
+        from django.db import connections
+
+        from cron_at_scale import sql as db
+
+        try:
+            while not self.stopping.wait(self.tick):
+                for loop in self.loops:
+                    if self.stopping.is_set():
+                        break
+                    try:
+                        loop.maybe_run()
+                    except CONNECTION_ERRORS as e:
+                        log.warning("%s: database unavailable (%s)", loop.name, str(e).strip()[:200])
+                        db.reset_connection()
+        finally:
+            connections.close_all()  # this thread's own

@@ -17,11 +17,11 @@ The hot path never waits on a purge: the claim only reads pending rows
 (another index) and the purge only locks finished ones.
 
 :class:`Retention` is the dispatcher's loop (a :class:`~cron_at_scale.maintenance.loop.Loop`,
-run in its idle time): with the ``RETENTION`` setting (seconds, 30 days by default; ``None``
+run on the dispatcher's maintenance thread, beside the claim loop, not in it): with the ``RETENTION`` setting (seconds, 30 days by default; ``None``
 turns it off) it purges at most every ``RETENTION_INTERVAL`` seconds for at most
 ``RETENTION_BUDGET`` seconds; while a pass ends with more left to purge (jobs finish faster
 than one pass a minute deletes them), the next comes after ``RETENTION_BUDGET`` seconds
-instead, so that the purge keeps up with the fire rate in at most half the idle time.
+instead, so that the purge keeps up with the fire rate, busy at most half the time.
 """
 
 from __future__ import annotations
@@ -118,7 +118,7 @@ def setting() -> float | None:
 
 
 class Retention(Loop):
-    """The dispatcher's loop, in its idle time: purges finished jobs older than ``retention``
+    """The dispatcher's loop, on its maintenance thread: purges finished jobs older than ``retention``
     seconds (default: the ``RETENTION`` setting, read at each call; None: off) at most every
     ``interval`` seconds (``RETENTION_INTERVAL``), for at most ``budget`` seconds
     (``RETENTION_BUDGET``); after a pass that left more behind, again after ``budget`` seconds.
@@ -152,7 +152,7 @@ class Retention(Loop):
 
     def next_pass(self, started: float, seconds: float) -> float:
         """Behind: the next pass after as long as this one took (at least ``budget``), so that a
-        purge that cannot keep up in one pass a minute takes at most half the idle time."""
+        purge that cannot keep up in one pass a minute is busy at most half the time."""
         if self.behind:
             return started + seconds + max(seconds, self.budget)
         return started + self.interval

@@ -4,6 +4,7 @@ a timer per instance. Pure: no database, no broker (the loops' passes are stand-
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 from django.db import InterfaceError, OperationalError
@@ -128,8 +129,8 @@ def test_the_intervals_and_budgets_are_the_modules_constants():
     assert FloorProbe(floors, lambda: {}).interval == floors.interval == 5.0
 
 
-def test_retention_is_off_without_a_retention_and_its_timer_left_alone(settings):
-    settings.CRON_AT_SCALE = {}
+def test_retention_is_off_with_retention_none_and_its_timer_left_alone(settings):
+    settings.CRON_AT_SCALE = {"RETENTION": None}
     loop = Retention()
     loop.run_once = lambda: pytest.fail("a pass while off")  # type: ignore[method-assign]
     assert not loop.due(10.0)
@@ -148,3 +149,30 @@ def test_the_reaper_resets_after_a_pass_that_reaped():
     r.reap = lambda: 3  # type: ignore[method-assign]
     assert r.maybe_reap(2.0) == 3
     assert reset == [3]
+
+
+def test_a_loop_thread_runs_its_loops_off_the_calling_thread_until_stopped():
+    import threading
+
+    from cron_at_scale.maintenance.loop import LoopThread
+
+    ran: list[str] = []
+
+    class Counting(Loop):
+        name = "counting"
+        interval = 0.0
+
+        def run_once(self):
+            ran.append(threading.current_thread().name)
+            return 1
+
+    t = LoopThread([Counting()], "maintenance-test", tick=0.01)
+    assert not t.running
+    t.start()
+    deadline = time.monotonic() + 5
+    while len(ran) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    t.stop()
+    n = len(ran)
+    time.sleep(0.05)
+    assert n >= 3 and set(ran) == {"maintenance-test"} and len(ran) == n and not t.running
