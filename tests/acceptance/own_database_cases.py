@@ -113,6 +113,18 @@ def test_on_commit_with_a_key_schedules_what_the_callers_transaction_commits_onc
     assert Job.objects.count() == 1
 
 
+def test_a_job_due_now_wakes_a_dispatcher_listening_on_jobs():
+    from cron_at_scale.dispatcher.wakeup import Wakeup
+
+    wakeup = Wakeup()
+    try:
+        assert not wakeup.wait(0.05)  # connected and listening: nothing yet
+        cron_at_scale.schedule(noop)  # due now: the trigger on jobs notifies
+        assert wakeup.wait(10.0)
+    finally:
+        wakeup.close()
+
+
 @pytest.fixture
 def processes(broker, tmp_path):
     """Real dispatcher and worker processes on the test databases, under these settings."""
