@@ -202,6 +202,27 @@ def test_the_paginators_estimate_reads_jobs(monkeypatch):
     assert r.context["cl"].paginator.count >= 6
 
 
+def test_cron_import_beat_reads_default_and_writes_jobs_and_a_dry_run_writes_neither():
+    from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+    every = IntervalSchedule.objects.create(every=3600, period="seconds")  # on default: not the app's model
+    PeriodicTask.objects.create(name="hourly", task="demo.tasks.noop", interval=every)
+    call_command("cron_import_beat", "--dry-run", "--disable-source", stdout=io.StringIO())
+    assert not Job.objects.exists() and PeriodicTask.objects.get(name="hourly").enabled
+    call_command("cron_import_beat", "--disable-source", stdout=io.StringIO())
+    assert query("jobs", "SELECT key, interval FROM cron_at_scale_job") == [("django_celery_beat:hourly", 3600.0)]
+    assert not PeriodicTask.objects.get(name="hourly").enabled
+
+
+def test_the_metrics_read_jobs():
+    from django.test import Client
+
+    cron_at_scale.schedule(noop, countdown=600)
+    text = Client().get("/metrics").content.decode()
+    assert "cron_database_up 1.0" in text  # 0 where a statement failed: no table on default
+    assert 'cron_jobs_pending{bucket="next_hour"} 1.0' in text
+
+
 def check_errors(**kw) -> str:
     with pytest.raises(SystemCheckError) as e:
         call_command("check", **kw)
