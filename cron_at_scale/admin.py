@@ -40,7 +40,6 @@ from django.apps import apps
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.paginator import Paginator
-from django.db import connection
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce, Now
 from django.template.response import TemplateResponse
@@ -70,7 +69,7 @@ class EstimatedCountPaginator(Paginator):
         exact = qs[: EXACT_COUNT_LIMIT + 1].count()
         if exact <= EXACT_COUNT_LIMIT:
             return exact
-        with connection.cursor() as cur:
+        with db.get_connection().cursor() as cur:
             if not qs.query.where:
                 estimate = table_estimate(cur, qs.model._meta.db_table)
             else:

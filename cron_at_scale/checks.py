@@ -1,15 +1,20 @@
 """System checks (``manage.py check``): what would break cron_at_scale's promises.
 
-Errors: ``E001`` a bad ``CRON_AT_SCALE`` setting; ``E002`` the jobs'
-database is not PostgreSQL (the claim needs ``FOR UPDATE SKIP LOCKED``,
+Errors: ``E001`` a bad ``CRON_AT_SCALE`` setting (a ``DATABASE`` that is not an
+alias of ``settings.DATABASES`` included); ``E002`` the jobs' database (the
+``DATABASE`` alias) is not PostgreSQL (the claim needs ``FOR UPDATE SKIP LOCKED``,
 ``jsonb``, ``LISTEN/NOTIFY``); ``E003`` the Celery app's task class is not
 ``JobTask`` (scheduled runs would not be logged, deduplicated or completed);
 ``E004`` pickle is accepted by Celery (a message from the broker could run
-code); ``E005`` a task's retry option a scheduled run cannot honour (named).
+code); ``E005`` a task's retry option a scheduled run cannot honour (named);
+``E006`` ``CRON_AT_SCALE["DATABASE"]`` is not ``"default"`` and the app's models are
+not routed there (``cron_at_scale.routers.CronAtScaleRouter`` missing from
+``DATABASE_ROUTERS``, or a router before it sending them elsewhere).
 Warnings: ``W001`` a broker visibility timeout shorter than the run
 lease; ``W002`` Django reconnecting to PostgreSQL on every task; ``W003`` a
 run lease not longer than two heartbeats; ``W004`` PostgreSQL without the
-durability an attempt's start relies on (``manage.py check --database default``);
+durability an attempt's start relies on (``manage.py check --database default``,
+on the ``DATABASE`` alias);
 ``W005`` a task's retry options that contradict each other (``retry_backoff``
 above ``retry_backoff_max``: every delay is the cap); ``W006`` a
 ``beat_schedule`` entry the beat drop-in (``cron_at_scale.beat:Scheduler``)
@@ -33,15 +38,50 @@ def check_settings(app_configs=None, **kwargs):
     return [Error(message, hint=HINT_SETTINGS, id="cron_at_scale.E001") for message in conf.problems()]
 
 
+@register()
+def check_router(app_configs=None, **kwargs):
+    """cron_at_scale.E006: the app's models are not routed to ``CRON_AT_SCALE["DATABASE"]`` (another
+    alias than "default"): migrate would put the tables on "default" while every statement of the
+    package goes to the alias. Checked by what Django's routers answer, not by the router's name: a
+    router of the user's own that does the same passes."""
+    from django.conf import settings
+    from django.db import router
+
+    from cron_at_scale.models import Job
+
+    if conf.problems():
+        return []  # E001 names a bad DATABASE
+    alias = conf.db_alias()
+    if alias == "default":
+        return []
+    label = Job._meta.app_label
+    routed = (router.db_for_read(Job) == alias and router.db_for_write(Job) == alias
+              and router.allow_migrate(alias, label, model_name="job")
+              and not any(router.allow_migrate(other, label, model_name="job")
+                          for other in settings.DATABASES if other != alias))
+    if routed:
+        return []
+    return [Error(
+        f"CRON_AT_SCALE['DATABASE'] is {alias!r} but the app's models are not routed to it: migrate would put "
+        "its tables elsewhere, while every statement of cron_at_scale runs on that alias.",
+        hint="Add 'cron_at_scale.routers.CronAtScaleRouter' to DATABASE_ROUTERS (before any router that "
+             "routes every app); see docs/own-database.md.",
+        id="cron_at_scale.E006")]
+
+
 @register("database")
 def check_database(app_configs=None, databases=None, **kwargs):
+    from django.conf import settings
     from django.db import connections
 
-    engine = connections["default"].vendor
+    alias = conf.db_alias()
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
+        return []  # E001 names it
+    engine = connections[alias].vendor
     if engine != "postgresql":
         return [Error(
-            f"cron_at_scale needs PostgreSQL 13+; the default database is {engine}.",
-            hint="Its claim uses FOR UPDATE SKIP LOCKED, jsonb and LISTEN/NOTIFY. Point DATABASES['default'] "
+            f"cron_at_scale needs PostgreSQL 13+; the {alias} database is {engine}.",
+            hint=f"Its claim uses FOR UPDATE SKIP LOCKED, jsonb and LISTEN/NOTIFY. Point DATABASES[{alias!r}] "
                  "(or DATABASE_URL) at PostgreSQL; for a laptop, the repository's docker-compose.yml starts one.",
             id="cron_at_scale.E002")]
     try:
@@ -99,12 +139,13 @@ def check_connections(app_configs=None, **kwargs):
     from django.conf import settings
 
     warnings = []
-    default = settings.DATABASES.get("default", {})
+    alias = conf.db_alias()
+    default = settings.DATABASES.get(alias, {}) if isinstance(alias, str) else {}
     if not default.get("CONN_MAX_AGE") and not getattr(settings, "CELERY_DB_REUSE_MAX", None):
         warnings.append(Warning(
             "Celery workers will open a new PostgreSQL connection for every task (CONN_MAX_AGE = 0 and "
             "CELERY_DB_REUSE_MAX unset).",
-            hint="Set DATABASES['default']['CONN_MAX_AGE'] (e.g. 600) and CELERY_DB_REUSE_MAX (e.g. 1000).",
+            hint=f"Set DATABASES[{alias!r}]['CONN_MAX_AGE'] (e.g. 600) and CELERY_DB_REUSE_MAX (e.g. 1000).",
             id="cron_at_scale.W002"))
     if not conf.problems() and float(conf.get("RUN_LEASE")) <= 2 * float(conf.get("HEARTBEAT_INTERVAL")):
         warnings.append(Warning(

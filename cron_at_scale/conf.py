@@ -100,6 +100,12 @@ DEFAULTS: dict[str, Any] = {
     "METRICS_TOKEN": None,
     # Celery app path ("module:attr"); None => celery.current_app.
     "CELERY_APP": None,
+    # The alias in settings.DATABASES that every table of the app lives on and every statement runs
+    # on (with cron_at_scale.routers.CronAtScaleRouter in DATABASE_ROUTERS when not "default"). Its
+    # own database keeps the application's long transactions (analytics, a forgotten BEGIN) from
+    # holding back the vacuum of the job tables; the cost: schedule() is then atomic with the
+    # application's writes only on this alias (docs/own-database.md).
+    "DATABASE": "default",
 }
 
 
@@ -164,6 +170,10 @@ def problems() -> list[str]:
     app_path = user.get("CELERY_APP")
     if app_path is not None and (not isinstance(app_path, str) or ":" not in app_path):
         out.append(f"CRON_AT_SCALE['CELERY_APP'] must be 'module:attribute' or None, got {app_path!r}")
+    alias = user.get("DATABASE", DEFAULTS["DATABASE"])
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
+        out.append(f"CRON_AT_SCALE['DATABASE'] is {alias!r}, not an alias of settings.DATABASES "
+                   f"(known: {', '.join(map(repr, settings.DATABASES))})")
     for key in ("DLQ_QUEUE",):
         if not isinstance(user.get(key, DEFAULTS[key]), str) or not user.get(key, DEFAULTS[key]):
             out.append(f"CRON_AT_SCALE[{key!r}] must be a non-empty string, got {user[key]!r}")
@@ -239,6 +249,12 @@ def check() -> None:
 def values() -> dict[str, Any]:
     """Every setting: ``settings.CRON_AT_SCALE`` merged over ``DEFAULTS``."""
     return {name: get(name) for name in DEFAULTS}
+
+
+def db_alias() -> str:
+    """The alias of the app's database (``DATABASE``): every statement of the package runs on
+    ``django.db.connections[db_alias()]``, every transaction of its own is ``atomic(using=db_alias())``."""
+    return get("DATABASE")
 
 
 def get(name: str) -> Any:

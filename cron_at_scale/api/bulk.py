@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 from itertools import chain, islice
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models.base import ModelState
 
 from cron_at_scale import conf
@@ -56,7 +56,7 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 10_00
     if not specs:
         return []
     now = db_now()  # now, not halfway: once the COPY streams, a query cannot go on the connection
-    with _gc_paused(), transaction.atomic():
+    with _gc_paused(), transaction.atomic(using=conf.db_alias()):
         return _schedule_many(specs, batch_size, now)
 
 
@@ -244,7 +244,7 @@ def _copy(rows: Iterator[tuple], limit: int, chunk: int = 1000) -> list[Job]:
     and return their Jobs; none left, no COPY. The COPY streams ``chunk`` rows at a time: PostgreSQL
     parses and indexes one while Python takes the next from ``rows`` and builds the Jobs of the last."""
     jobs: list[Job] = []
-    alias = connection.alias
+    alias = conf.db_alias()
     tails: dict[tuple, str] = {}  # the columns after payload: the same for most one-off jobs
 
     def text(value: str) -> str:

@@ -123,7 +123,7 @@ def resume(job_id: uuid.UUID | str, missed: str | None = None) -> bool:
     job_uuid_ = job_uuid(job_id)
     if missed is None:
         return _resume(job_uuid_)
-    with transaction.atomic():
+    with transaction.atomic(using=conf.db_alias()):
         row = _lock(job_uuid_)
         if row is None or row.status != Status.PAUSED:
             return False
@@ -140,7 +140,7 @@ def resume(job_id: uuid.UUID | str, missed: str | None = None) -> bool:
 
 def _lock(job_id: uuid.UUID):
     """The job's row (``lock_job``'s columns), locked until the transaction ends, with ``db_now`` read
-    after the lock was granted; None if there is no such job. Call inside ``transaction.atomic()``."""
+    after the lock was granted; None if there is no such job. Call inside ``transaction.atomic(using=conf.db_alias())``."""
     row = db.run("lock_job", {"job_id": job_id}, fetch="one", retries=0)
     if row is None:
         return None
@@ -167,7 +167,7 @@ def _publish_on_commit(runs: list[Claimed]) -> None:
             log.warning("could not publish %d runs (%s); a dispatcher's reaper fires them again after "
                         "DISPATCH_LEASE", len(runs), str(e)[:200])
 
-    transaction.on_commit(send)
+    transaction.on_commit(send, using=conf.db_alias())
 
 
 def definition(job: Job) -> dict[str, Any]:

@@ -247,13 +247,13 @@ def schedule(task: Any, *, update: bool = False, **spec: Any) -> Job:
         job.save(force_insert=True)
         return job
     try:
-        with transaction.atomic():  # a savepoint inside the caller's transaction
+        with transaction.atomic(using=conf.db_alias()):  # a savepoint inside the caller's transaction
             job.save(force_insert=True)
         return job
     except IntegrityError:
         existing = _live_job_by_key(job.key)
         if existing is None:  # the holder finished between our insert and our read: try once more
-            with transaction.atomic():
+            with transaction.atomic(using=conf.db_alias()):
                 job.save(force_insert=True)
             return job
     differ = differing_schedule_fields(existing, job)
@@ -333,7 +333,7 @@ def reschedule(job_or_key: Any, **changes: Any) -> Job:
     bad value, a job not live, a one-off already claimed, one-off to recurring
     or back) and changes nothing.
     """
-    with transaction.atomic():
+    with transaction.atomic(using=conf.db_alias()):
         job = _locked_job(job_or_key)
         new = changed_job(job, changes)
         apply_change(job, new, move=any(changes.get(n) is not None for n in ("at", "countdown")))

@@ -108,9 +108,9 @@ class Scheduler(celery_beat.Scheduler):
             log.info("dispatcher %s stopped: %d claimed, %d published", self.dispatcher.name,
                      self.dispatcher.claimed_total, self.dispatcher.published_total)
             self.dispatcher = None
-            from django.db import connection
+            from cron_at_scale import sql as db
 
-            connection.close()
+            db.get_connection().close()
         super().close()
 
     @property

@@ -18,6 +18,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 
+from cron_at_scale import conf
 from cron_at_scale.api.control import DEFINITION_FIELDS, apply_change, cancel
 from cron_at_scale.api.schedule import build_job, db_now, pause
 from cron_at_scale.beat import dst
@@ -82,7 +83,7 @@ def upsert(new: Job, *, resume_note: str | None = None, revive_finished: bool = 
     cancelled) counts as unchanged and nothing is inserted.
     """
     for _ in range(3):
-        with transaction.atomic():
+        with transaction.atomic(using=conf.db_alias()):
             job = Job.objects.select_for_update().filter(key=new.key, status__in=LIVE_STATUSES).first()
             if job is None:
                 if not revive_finished:
@@ -90,7 +91,7 @@ def upsert(new: Job, *, resume_note: str | None = None, revive_finished: bool = 
                     if done is not None:
                         return "unchanged", done
                 try:
-                    with transaction.atomic():
+                    with transaction.atomic(using=conf.db_alias()):
                         new.save(force_insert=True)
                     return "created", new
                 except IntegrityError:

@@ -108,7 +108,7 @@ def live_worker_queues() -> set[str] | None:
     from cron_at_scale import sql as db
 
     try:
-        with transaction.atomic():  # a savepoint inside a caller's transaction
+        with transaction.atomic(using=conf.db_alias()):  # a savepoint inside a caller's transaction
             rows = db.run("live_worker_queues", {"window": 3 * float(conf.get("WORKER_HEARTBEAT_INTERVAL"))},
                           retries=0)
             return {r.queue for r in rows}

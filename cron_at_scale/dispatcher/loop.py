@@ -139,8 +139,8 @@ class Dispatcher:
                 self.shards.floors.reset()
             shards = self.shards.claim_params()
             lookahead = self.preload.lookahead(held=len(self.held))
-            nested = transaction.get_connection().in_atomic_block
-            with transaction.atomic():
+            nested = db.get_connection().in_atomic_block
+            with transaction.atomic(using=conf.db_alias()):
                 db.run("claim_settings", {"idle_ms": None if nested else self.claim_idle_ms}, fetch="count",
                        retries=0)
                 t1 = time.monotonic()
@@ -151,7 +151,7 @@ class Dispatcher:
                 if rows:  # the rows locked, nothing committed (the fault suite stalls a dispatcher here)
                     failpoints.hit("dispatcher.in_claim")
                 if self.queues.learn(rows):  # a queue first seen in this batch is held: claim again without it
-                    transaction.set_rollback(True)
+                    transaction.set_rollback(True, using=conf.db_alias())
                     continue
                 self.more_due = self.shards.heads.learn([r.shard for r in rows])
                 self.shards.floors.learn(rows, rows[0].db_now if rows else None, time.monotonic() - t1)

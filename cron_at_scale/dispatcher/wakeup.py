@@ -14,7 +14,8 @@ import logging
 import select
 
 import psycopg2
-from django.db import connection
+
+from cron_at_scale import sql as db
 
 log = logging.getLogger(__name__)
 
@@ -22,13 +23,14 @@ CHANNEL = "cron_at_scale_due"
 
 
 class Wakeup:
-    """A dedicated autocommit connection LISTENing on ``CHANNEL``."""
+    """A dedicated autocommit connection LISTENing on ``CHANNEL``, to the app's database
+    (``CRON_AT_SCALE["DATABASE"]``: where the trigger notifies)."""
 
     def __init__(self):
         self.conn = None
 
     def _connect(self):
-        params = connection.get_connection_params()
+        params = db.get_connection().get_connection_params()
         conn = psycopg2.connect(**params)
         conn.autocommit = True
         with conn.cursor() as cur:

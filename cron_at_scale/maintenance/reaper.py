@@ -113,7 +113,7 @@ class Reaper(Loop):
         """
         refire: list[Claimed] = []
         running_until = self.watch_clock()
-        with transaction.atomic():
+        with transaction.atomic(using=conf.db_alias()):
             lost = db.run("reap", {"limit": self.batch_size, "running_until": running_until}, retries=0)
             stale = self._stale_due(time.monotonic())
             if stale:

@@ -32,6 +32,7 @@ from datetime import datetime
 
 from django.db import transaction
 
+from cron_at_scale import conf
 from cron_at_scale import sql as db
 from cron_at_scale.maintenance.loop import Loop
 
@@ -84,12 +85,12 @@ def purge_pass(older_than_seconds: float, batch_size: int = DEFAULT_BATCH_SIZE, 
             jobs += len(ids)
         else:
             while True:  # attempts first, each delete its own short transaction
-                with transaction.atomic():
+                with transaction.atomic(using=conf.db_alias()):
                     n = db.run("retention_delete_attempts", {"ids": ids, "n": batch_size}, fetch="count", retries=0)
                 attempts += n
                 if n < batch_size:
                     break
-            with transaction.atomic():
+            with transaction.atomic(using=conf.db_alias()):
                 jobs += db.run("retention_delete_jobs", {"ids": ids, "cutoff": cutoff}, fetch="count", retries=0)
         if len(chunk) < batch_size:
             break

@@ -25,7 +25,7 @@ DROP FUNCTION IF EXISTS cron_at_scale_notify_due_v1();
 
 def create_shard_leases(apps, schema_editor):
     ShardLease = apps.get_model("cron_at_scale", "ShardLease")
-    ShardLease.objects.bulk_create([ShardLease(shard=i) for i in range(NUM_SHARDS)], ignore_conflicts=True)
+    ShardLease.objects.using(schema_editor.connection.alias).bulk_create([ShardLease(shard=i) for i in range(NUM_SHARDS)], ignore_conflicts=True)
 
 
 class Migration(migrations.Migration):

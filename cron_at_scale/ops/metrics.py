@@ -165,6 +165,7 @@ class DatabaseCollector:
     def _compute(self, keyed: bool):
         from django.db import transaction
 
+        from cron_at_scale import conf
         from cron_at_scale import sql as db
         from cron_at_scale.maintenance import overdue
         from cron_at_scale.ops import status
@@ -172,7 +173,7 @@ class DatabaseCollector:
         up = GaugeMetricFamily("cron_database_up", "1 when the scheduler's database answered this scrape.")
         for attempt in (1, 2):  # a connection the server closed while idle: reconnect once
             try:
-                with transaction.atomic():  # one transaction, not one per statement (~25)
+                with transaction.atomic(using=conf.db_alias()):  # one transaction, not one per statement (~25)
                     snap = status.snapshot()
                     lags = status.recent_lags()
                     health = overdue.keyed_health(MAX_KEYED_JOBS) if keyed else []
@@ -319,12 +320,12 @@ class _ClosingRegistry:
         self.inner = inner
 
     def collect(self):
-        from django.db import connection
+        from cron_at_scale import sql as db
 
         try:
             yield from self.inner.collect()
         finally:
-            connection.close()
+            db.get_connection().close()
 
     def restricted_registry(self, names):
         return self.inner.restricted_registry(names)

@@ -20,8 +20,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from django.db import connection
-
+from cron_at_scale import conf
 from cron_at_scale import sql as db
 
 COUNT_CAP = 100_000  # rows counted per figure before we say "at least"; ~20 ms on an index
@@ -144,7 +143,7 @@ def _lag(cur, window: float) -> tuple[dict[str, float | None], int]:
 
 def recent_lags(window: float = DEFAULT_WINDOW) -> list[float]:
     """Firing lags (seconds) of the latest attempts started within ``window`` seconds (bounded sample)."""
-    with connection.cursor() as cur:
+    with db.get_connection().cursor() as cur:
         cur.execute("SELECT lag " + _RECENT_LAGS, [LAG_SAMPLE, window])
         return [r[0] for r in cur.fetchall()]
 
@@ -200,7 +199,7 @@ def _heartbeats(cur) -> list[tuple[str, list[int]]] | None:
     if model is None:
         return None
     try:
-        with transaction.atomic():  # a savepoint: a missing table must not break the caller's transaction
+        with transaction.atomic(using=conf.db_alias()):  # a savepoint: a missing table must not break the caller's transaction
             cur.execute(
                 f"SELECT name, shards FROM {model._meta.db_table} "
                 "WHERE last_seen >= statement_timestamp() - make_interval(secs => %s) ORDER BY name LIMIT 100",
@@ -234,11 +233,9 @@ def workers(cur) -> list[dict[str, Any]]:
     """
     from django.db import DatabaseError, transaction
 
-    from cron_at_scale import conf
-
     ttl = 3 * float(conf.get("WORKER_HEARTBEAT_INTERVAL"))
     try:
-        with transaction.atomic():  # a savepoint: a missing table must not break the caller's transaction
+        with transaction.atomic(using=conf.db_alias()):  # a savepoint: a missing table must not break the caller's transaction
             cur.execute(
                 """
                 SELECT name, pid, queues, concurrency, running, received, state, waiting, note, stuck_count,
@@ -287,7 +284,7 @@ def beat_unmapped() -> list[dict[str, str]]:
 def snapshot(window: float = DEFAULT_WINDOW) -> StatusReport:
     """Collect every figure (a dozen bounded statements, a few ms on an idle database)."""
     capped: list[str] = []
-    with connection.cursor() as cur:
+    with db.get_connection().cursor() as cur:
         db_now = db.db_now()
         pending: dict[str, int] = {}
         for name, lo, hi in _BUCKET_RANGES:

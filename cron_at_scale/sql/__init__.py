@@ -25,7 +25,10 @@ the metrics and the admin's paginator), sent on a cursor of its own, as their te
 is not known until then and none is a named statement. The dispatcher's LISTEN
 (:mod:`cron_at_scale.dispatcher.wakeup`) runs on a dedicated connection, not Django's.
 
-The runner runs the named queries on Django's connection, surviving a database restart.
+The runner runs the named queries on Django's connection to the app's database
+(``CRON_AT_SCALE["DATABASE"]``, :func:`get_connection`), surviving a database restart.
+Every connection and transaction of the package's own is that alias's:
+``get_connection()``, ``transaction.atomic(using=conf.db_alias())``.
 The worker's per-task statements are server-side prepared statements
 (``PREPARE`` once per connection, then ``EXECUTE`` with a generic plan):
 planning them took longer than running them (~1 ms against ~0.1 ms). Set
@@ -49,12 +52,10 @@ from pathlib import Path
 from typing import Any
 
 from django.db import (
-    DEFAULT_DB_ALIAS,
     InterfaceError,
     OperationalError,
     ProgrammingError,
     close_old_connections,
-    connection,
     connections,
 )
 
@@ -218,7 +219,7 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
     ``copy_from``: for a ``COPY ... FROM STDIN`` statement, the file its rows are read from
     (psycopg2's ``copy_expert``); give ``retries=0``, a stream cannot be read twice.
     """
-    conn = connections[DEFAULT_DB_ALIAS]
+    conn = get_connection()
     for attempt in range(retries + 1):
         try:
             # In the caller's transaction (an eager run, a test) a SET LOCAL would outlive
@@ -277,8 +278,14 @@ def _row_type(columns: tuple[str, ...]):
     return namedtuple("Row", columns, rename=True)  # an unnamed column becomes _<position>
 
 
+def get_connection():
+    """This thread's Django connection to the app's database (``CRON_AT_SCALE["DATABASE"]``)."""
+    return connections[conf.db_alias()]
+
+
 def reset_connection() -> None:
-    """Drop Django's connection of this thread so the next query reconnects."""
+    """Drop this thread's connection to the app's database so the next query reconnects."""
+    connection = get_connection()
     try:
         connection.close()
     except Exception:  # a dead socket may fail to close; the next use reconnects anyway

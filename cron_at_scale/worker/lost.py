@@ -48,7 +48,6 @@ import socket
 import weakref
 
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
-from django.db import connection
 
 from cron_at_scale import conf
 from cron_at_scale import sql as db
@@ -117,7 +116,7 @@ def _on_task_failure(sender, task_id, exception) -> None:
     except Exception:  # noqa: BLE001 (the attempt's lease still expires and the run comes back)
         log.exception("could not record the death of job %s's pool process", meta.get("job_id"))
     finally:
-        if not connection.in_atomic_block:
+        if not db.get_connection().in_atomic_block:
             db.reset_connection()  # the parent forks new pool processes: hold no connection they could inherit
 
 

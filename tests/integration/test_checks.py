@@ -31,6 +31,20 @@ def test_a_database_that_is_not_postgresql_is_an_error(monkeypatch):
     assert "cron_at_scale.E002" in ids()
 
 
+def test_an_own_database_the_apps_models_are_not_routed_to_is_an_error(settings, monkeypatch):
+    from cron_at_scale.checks import check_router
+
+    monkeypatch.setitem(settings.DATABASES, "jobs", settings.DATABASES["default"])  # in place: see below
+    settings.CRON_AT_SCALE = {"DATABASE": "jobs"}
+    [error] = check_router()
+    assert error.id == "cron_at_scale.E006" and "CRON_AT_SCALE['DATABASE'] is 'jobs'" in error.msg
+    settings.DATABASE_ROUTERS = ["cron_at_scale.routers.CronAtScaleRouter"]
+    assert check_router() == []
+    settings.CRON_AT_SCALE = {"DATABASE": "nope"}
+    assert any("'nope'" in e.msg for e in run_checks(include_deployment_checks=False)
+               if e.id == "cron_at_scale.E001")
+
+
 def test_a_server_that_may_lose_an_attempts_start_is_a_warning():
     from helpers import sql
 

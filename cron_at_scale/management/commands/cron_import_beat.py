@@ -40,8 +40,9 @@ from typing import Any
 
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, router, transaction
 
+from cron_at_scale import conf
 from cron_at_scale import cron as cronlib
 from cron_at_scale import sql as db
 from cron_at_scale.api.schedule import build_job, pause
@@ -109,7 +110,8 @@ def periodic_task_spec(pt, db_now) -> tuple[dict[str, Any], list[str]]:
 
 
 def import_periodic_tasks(*, dry_run: bool = False, disable_source: bool = False) -> SyncReport:
-    """Import every PeriodicTask (see the module docstring); one transaction, rolled back on ``dry_run``.
+    """Import every PeriodicTask (see the module docstring); one transaction (one per database when the
+    jobs are on their own, ``CRON_AT_SCALE["DATABASE"]``), rolled back on ``dry_run``.
 
     ``disable_source``: set ``enabled=False`` on every row that was mapped
     (listed in ``disabled``), so django-celery-beat stops running them;
@@ -119,7 +121,8 @@ def import_periodic_tasks(*, dry_run: bool = False, disable_source: bool = False
 
     report = SyncReport()
     mapped: list[int] = []
-    with transaction.atomic():
+    alias, source = conf.db_alias(), router.db_for_write(PeriodicTask)  # the jobs' and the rows' databases
+    with transaction.atomic(using=alias), transaction.atomic(using=source):  # a savepoint when the same
         db_now = db.db_now()
         rows = PeriodicTask.objects.select_related("interval", "crontab", "clocked").order_by("name")
         for pt in rows:
@@ -153,7 +156,8 @@ def import_periodic_tasks(*, dry_run: bool = False, disable_source: bool = False
             PeriodicTasks.update_changed()  # a running django-celery-beat reloads its schedule
             report.disabled += sorted(names)
         if dry_run:
-            transaction.set_rollback(True)
+            transaction.set_rollback(True, using=alias)
+            transaction.set_rollback(True, using=source)
     return report
 
 
