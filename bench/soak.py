@@ -1126,6 +1126,66 @@ def draw(runs: list[dict], png_dir: str) -> list[str]:
     return paths
 
 
+def draw_storage(runs: list[dict], png_dir: str) -> list[str]:
+    """soak-storage.png, for lifecycle runs: over the run, the job table's live rows (the pending depth
+    and what retention has not purged yet) and jobs finished per second; dead tuples of each table;
+    heap + index size of the job and attempt tables. The pinned transaction is shaded."""
+    runs = [r for r in runs if r.get("scenario") == "lifecycle" and r.get("samples")]
+    if not runs:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for r in runs:
+        samples = [s for s in r["samples"] if "tables" in s]
+        x = [s["s"] / 60 for s in samples]
+        fig, axes = plt.subplots(3, 1, figsize=(10, 8.5), sharex=True)
+        ev = {e["event"]: e["s"] / 60 for e in r.get("events") or []}
+        for ax in axes:
+            if "transaction held open" in ev:
+                ax.axvspan(ev["transaction held open"], ev.get("transaction ended", x[-1]), color="tab:orange",
+                           alpha=0.15, label="REPEATABLE READ held open")
+            ax.grid(True, alpha=0.3)
+        ax = axes[0]
+        ax.plot(x, [s["tables"]["job"]["live"] for s in samples], color="tab:blue", label="job table: live rows")
+        ax.set_ylabel("rows")
+        ax2 = ax.twinx()
+        ax2.plot(x, [s["finished"] / max(1e-9, r.get("every", 10.0)) for s in samples], color="tab:green",
+                 linewidth=0.8, label="finished per s (right)")
+        ax2.set_ylabel("jobs finished / s", color="tab:green")
+        ax2.set_ylim(bottom=0)
+        h1, l1 = ax.get_legend_handles_labels()
+        h2, l2 = ax2.get_legend_handles_labels()
+        ax.legend(h1 + h2, l1 + l2, fontsize="small", loc="upper left")
+        ax.set_title(r["label"], fontsize="medium")
+        ax = axes[1]
+        for name, color in (("job", "tab:blue"), ("attempt", "tab:purple"), ("shardlease", "tab:red"),
+                            ("dispatcherheartbeat", "tab:gray")):
+            ys = [s["tables"].get(name, {}).get("dead", 0) for s in samples]
+            if any(ys):
+                ax.plot(x, [max(1, y) for y in ys], color=color, label=f"{name}: dead tuples")
+        ax.set_yscale("log")
+        ax.set_ylabel("dead tuples")
+        ax.legend(fontsize="small", loc="upper left")
+        ax = axes[2]
+        for name, color in (("job", "tab:blue"), ("attempt", "tab:purple")):
+            ax.plot(x, [(s["tables"][name]["heap_bytes"] + s["tables"][name]["index_bytes"]) / 2**20 for s in samples],
+                    color=color, label=f"{name}: heap + indexes")
+        ax.set_ylabel("MiB")
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize="small", loc="upper left")
+        axes[-1].set_xlabel("minutes into the stream")
+        fig.tight_layout()
+        path = str(Path(png_dir) / "soak-storage.png")
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
 def dur(ms: float | None) -> str:
     """A lateness for a reader: "87 ms", "1.2 s", "—"."""
     if ms is None:
@@ -1164,7 +1224,7 @@ def main(argv=None) -> int:
         return consumer(args)
     if args.draw:
         runs = [json.loads(Path(p).read_text().strip().splitlines()[-1]) for p in args.draw]
-        for p in draw(runs, args.png_dir):
+        for p in draw(runs, args.png_dir) + draw_storage(runs, args.png_dir):
             say(f"wrote {p}")
         print(markdown(runs))
         return 0
@@ -1183,7 +1243,8 @@ def main(argv=None) -> int:
     result["machine"] = machine
     result["every"] = args.every
     result["code"] = code
-    result["png"] = draw([result], args.png_dir) if args.scenario != "recurring" else []
+    result["png"] = draw([result], args.png_dir) + draw_storage([result], args.png_dir) \
+        if args.scenario != "recurring" else []
     table(result)
     line = json.dumps(result, default=str)
     print(line, flush=True)
