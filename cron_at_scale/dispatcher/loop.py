@@ -93,7 +93,8 @@ class Dispatcher:
         # overdue recurring jobs: the signals, once per episode (cron_at_scale.maintenance.overdue)
         self.overdue = OverdueWatch()
         # this dispatcher's maintenance loops, each with its own timer, run by step() in this order:
-        # every step before the claim; the idle_only ones (retention, history trim) only when idle.
+        # every step before the claim; the idle_only ones (retention, history trim) on the maintenance
+        # thread below in run(), or inline when idle in a bare step().
         # The floor probe (below) has the same shape but runs on a thread of its own.
         self.maintenance: list[Loop] = [self.reaper, self.overdue, Retention(), HistoryTrim()]
         # in run(): the idle_only loops on a thread of their own, so that a purge catching up with

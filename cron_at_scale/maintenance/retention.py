@@ -105,12 +105,7 @@ def purge_pass(older_than_seconds: float, batch_size: int = DEFAULT_BATCH_SIZE, 
 
 def setting() -> float | None:
     """The ``RETENTION`` setting: seconds after which finished jobs are purged by the dispatcher, or None."""
-    from django.conf import settings
-
-    from cron_at_scale.conf import DEFAULTS
-
-    user = getattr(settings, "CRON_AT_SCALE", None) or {}
-    value = user.get("RETENTION", DEFAULTS["RETENTION"])
+    value = conf.get("RETENTION")
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
@@ -147,7 +142,6 @@ class Retention(Loop):
         older_than = self.older_than()
         if older_than is None:
             return 0, 0
-        self.behind = False
         jobs, attempts, self.behind = purge_pass(older_than, budget_seconds=self.budget)
         return jobs, attempts
 
