@@ -1,6 +1,8 @@
 """Take the docs' screenshots: ``python bench/screenshots.py --db cron_admin_bench`` (a database
 filled by ``bench/admin_10m.py``). Starts ``runserver`` with ``bench/screenshot_settings.py``
-(auto-login from localhost: screenshots only) and headless Chromium (Debian's ``chromium``)."""
+(auto-login from localhost: screenshots only) and headless Chromium (Debian's ``chromium``): the admin
+as it looks at 10M rows. The docs' screenshots are the browser tests' (a small scene with late,
+failed, held and beat jobs): ``ADMIN_SCREENSHOTS=docs make test PYTEST_ARGS=tests/browser``."""
 
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ def main() -> None:
         sizes = {"admin_job.png": "1400,1300"}
         for name, path in shots.items():
             with tempfile.TemporaryDirectory() as profile:
-                subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                subprocess.run(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
                                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
                                 "--no-first-run", f"--user-data-dir={profile}", "--hide-scrollbars",
                                 f"--screenshot={ROOT / 'docs' / name}", f"--window-size={sizes.get(name, '1400,900')}", url + path],

@@ -26,7 +26,9 @@ lifecycle        the blocked-vacuum run with each job's whole life in PostgreSQL
                  (``start_attempt``, which also carries the previous one's success), all of a
                  batch in one transaction (standing in for Celery workers, whose speed is not
                  measured here), and ``RETENTION`` of ``--retention`` seconds, so that the
-                 dispatcher's purge deletes finished jobs at the fire rate throughout.
+                 dispatcher's purge deletes finished jobs at the fire rate throughout; with
+                 ``--history-after`` they move to the partitioned history instead
+                 (``HISTORY_AFTER``, ``--history-partition``) and ``RETENTION`` drops its partitions.
 dead-dispatcher  two dispatchers sharing the 64 shards; one is killed -9 in the middle: the
                  lateness of its shards' jobs until the other takes them over.
 workers          the same stream fired to real ``celery worker`` processes (``--workers``, a
@@ -120,6 +122,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, help="dispatcher batch size (default: the setting, 1000)")
     p.add_argument("--retention", type=float, default=60.0,
                    help="lifecycle: RETENTION seconds, finished jobs purged after this (60)")
+    p.add_argument("--history-after", type=float,
+                   help="lifecycle: HISTORY_AFTER seconds, finished jobs move to the partitioned history after "
+                        "this, and RETENTION drops its partitions (default: off, RETENTION deletes rows)")
+    p.add_argument("--history-partition", type=float, default=60.0,
+                   help="lifecycle with --history-after: HISTORY_PARTITION seconds (60)")
     p.add_argument("--lifecycle", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--autovacuum-scale-factor", type=float, help="the job table's autovacuum_vacuum_scale_factor "
                    "for this run (default: PostgreSQL's, 0.2)")
@@ -448,8 +455,22 @@ class Soak:
                                 s.n_dead_tup, s.autovacuum_count, s.n_tup_ins, s.n_tup_upd, s.n_tup_hot_upd, s.n_tup_del,
                                 s.last_autovacuum
                          FROM pg_stat_user_tables s WHERE s.relname = ANY(%s)""", [[*TABLES, *SMALL_TABLES]])
+        # the history tables: the sums over their partitions (pg_partition_tree: PostgreSQL 12+)
+        rows += self.q("""SELECT t.parent, sum(pg_relation_size(s.relid))::bigint, sum(pg_indexes_size(s.relid))::bigint,
+                                 sum(s.n_live_tup)::bigint, sum(s.n_dead_tup)::bigint, sum(s.autovacuum_count)::bigint,
+                                 sum(s.n_tup_ins)::bigint, sum(s.n_tup_upd)::bigint, sum(s.n_tup_hot_upd)::bigint,
+                                 count(*)::bigint, max(s.last_autovacuum)
+                          FROM (VALUES ('cron_at_scale_jobhistory'), ('cron_at_scale_attempthistory')) AS t(parent)
+                          CROSS JOIN LATERAL pg_partition_tree(t.parent::regclass) AS p
+                          JOIN pg_stat_user_tables s ON s.relid = p.relid
+                          WHERE p.isleaf GROUP BY t.parent""")
         out = {}
         for name, heap, idx, live, dead, av, ins, upd, hot, dele, last in rows:
+            if name.endswith("history"):  # "del" is the partitions' count here: nothing is deleted from them
+                out[name.removeprefix("cron_at_scale_")] = {
+                    "heap_bytes": heap, "index_bytes": idx, "live": live, "dead": dead, "autovacuum_count": av,
+                    "ins": ins, "partitions": dele, "last_autovacuum": str(last) if last else None}
+                continue
             out[SMALL_TABLES.get(name) or ("job" if name == TABLES[0] else "attempt")] = {
                 "heap_bytes": heap, "index_bytes": idx, "live": live, "dead": dead, "autovacuum_count": av,
                 "ins": ins, "upd": upd, "hot_upd": hot, "del": dele, "last_autovacuum": str(last) if last else None}
@@ -563,6 +584,13 @@ class Soak:
         self.redis.delete(QUEUE, RECEIVED, FINISHED)
         self.q("DELETE FROM cron_at_scale_shardlease")
         self.q("DELETE FROM cron_at_scale_dispatcherheartbeat")
+        # Partitions left by an earlier run (or bench/history_move.py's days) would hold this run's
+        # history until they end: a new HISTORY_PARTITION applies from the last one's end.
+        for parent, name in self.q("""SELECT p.relname, c.relname FROM pg_inherits i
+                                      JOIN pg_class p ON p.oid = i.inhparent JOIN pg_class c ON c.oid = i.inhrelid
+                                      WHERE p.relname IN ('cron_at_scale_jobhistory', 'cron_at_scale_attempthistory')"""):
+            self.q(f'ALTER TABLE {parent} DETACH PARTITION "{name}"')
+            self.q(f'DROP TABLE "{name}"')
         workers = sc == "workers"
         # No worker starts the attempts the consumer takes: a long dispatch lease keeps the reaper
         # from firing them again, and the consumed queue is not "unconsumed" (no worker health row).
@@ -570,6 +598,11 @@ class Soak:
         if sc == "lifecycle":
             settings["RETENTION"] = a.retention
             out["retention_s"] = a.retention
+            settings["HISTORY_AFTER"] = a.history_after
+            out["history_after_s"] = a.history_after
+            if a.history_after is not None:
+                settings["HISTORY_PARTITION"] = a.history_partition
+                out["history_partition_s"] = a.history_partition
         from cron_at_scale import conf
 
         out["shard_lease"] = float(conf.get("SHARD_LEASE"))
@@ -601,7 +634,7 @@ class Soak:
             self.wait_sql("SELECT count(*) FROM cron_at_scale_jobattempt WHERE finished_at IS NOT NULL", 1, 60)
         else:
             self.wait_received(1, 60)
-        self.q("TRUNCATE cron_at_scale_jobattempt")
+        self.q("TRUNCATE cron_at_scale_jobattempt, cron_at_scale_jobhistory, cron_at_scale_attempthistory")
         self.q("DELETE FROM cron_at_scale_job WHERE fire_at < statement_timestamp() + interval '1 hour'")
         self.q("VACUUM cron_at_scale_job")
         self.redis.delete(RECEIVED, FINISHED)
@@ -767,8 +800,8 @@ class Soak:
                            "job_dead": j["dead"], "job_live": j["live"], "job_heap": j["heap_bytes"],
                            "job_index": j["index_bytes"], "attempt_dead": s["tables"]["attempt"]["dead"],
                            "finished": s.get("finished", 0) - prev.get("finished", 0),
-                           "tables": {k: {f: v[f] for f in ("live", "dead", "heap_bytes", "index_bytes",
-                                                            "autovacuum_count", "upd", "del")}
+                           "tables": {k: {f: v.get(f) for f in ("live", "dead", "heap_bytes", "index_bytes",
+                                                                "autovacuum_count", "upd", "del", "partitions")}
                                       for k, v in s["tables"].items()},
                            "autovacuum_job": j["autovacuum_count"],
                            "autovacuum_attempt": s["tables"]["attempt"]["autovacuum_count"],
@@ -1171,9 +1204,12 @@ def draw_storage(runs: list[dict], png_dir: str) -> list[str]:
         ax.set_ylabel("dead tuples")
         ax.legend(fontsize="small", loc="upper left")
         ax = axes[2]
-        for name, color in (("job", "tab:blue"), ("attempt", "tab:purple")):
-            ax.plot(x, [(s["tables"][name]["heap_bytes"] + s["tables"][name]["index_bytes"]) / 2**20 for s in samples],
-                    color=color, label=f"{name}: heap + indexes")
+        for name, color in (("job", "tab:blue"), ("attempt", "tab:purple"), ("jobhistory", "tab:green"),
+                            ("attempthistory", "tab:olive")):
+            if not any(s["tables"].get(name, {}).get("heap_bytes") for s in samples):
+                continue  # the history tables: only with --history-after
+            ax.plot(x, [((s["tables"][name]["heap_bytes"] or 0) + (s["tables"][name]["index_bytes"] or 0)) / 2**20
+                        for s in samples], color=color, label=f"{name}: heap + indexes")
         ax.set_ylabel("MiB")
         ax.set_ylim(bottom=0)
         ax.legend(fontsize="small", loc="upper left")

@@ -8,8 +8,9 @@ alias of ``settings.DATABASES`` included); ``E002`` the jobs' database (the
 ``E004`` pickle is accepted by Celery (a message from the broker could run
 code); ``E005`` a task's retry option a scheduled run cannot honour (named);
 ``E006`` ``CRON_AT_SCALE["DATABASE"]`` is not ``"default"`` and the app's models are
-not routed there (``cron_at_scale.routers.CronAtScaleRouter`` missing from
-``DATABASE_ROUTERS``, or a router before it sending them elsewhere).
+not routed there, or ``SHARD_DATABASES`` is set and they are not routed to each of its aliases
+(``cron_at_scale.routers.CronAtScaleRouter`` missing from ``DATABASE_ROUTERS``, or a router
+before it sending them elsewhere).
 Warnings: ``W001`` a broker visibility timeout shorter than the run
 lease; ``W002`` Django reconnecting to PostgreSQL on every task; ``W003`` a
 run lease not longer than two heartbeats; ``W004`` PostgreSQL without the
@@ -29,7 +30,7 @@ from django.core.checks import Error, Warning, register
 from cron_at_scale import conf
 from cron_at_scale.celery_app import pickle_problems, refuse_pickle  # noqa: F401 (refuse_pickle: its old home)
 
-HINT_SETTINGS = "See the README's Settings table (cron_at_scale/conf.py has every default and unit)."
+HINT_SETTINGS = "See docs/settings.md (every key, its default, unit and reason; cron_at_scale.conf.DEFAULTS in code)."
 
 
 @register()
@@ -52,15 +53,28 @@ def check_router(app_configs=None, **kwargs):
     if conf.problems():
         return []  # E001 names a bad DATABASE
     alias = conf.db_alias()
-    if alias == "default":
+    sharded = conf.shard_map() is not None
+    homes = [alias, *(a for a in conf.shard_aliases() if a != alias)] if sharded else [alias]
+    if homes == ["default"]:
         return []
     label = Job._meta.app_label
-    routed = (router.db_for_read(Job) == alias and router.db_for_write(Job) == alias
-              and router.allow_migrate(alias, label, model_name="job")
+
+    def routed_to(home: str) -> bool:
+        with conf.using(home):
+            return router.db_for_read(Job) == home and router.db_for_write(Job) == home
+
+    routed = (all(routed_to(home) and router.allow_migrate(home, label, model_name="job") for home in homes)
               and not any(router.allow_migrate(other, label, model_name="job")
-                          for other in settings.DATABASES if other != alias))
+                          for other in settings.DATABASES if other not in homes))
     if routed:
         return []
+    if sharded:
+        return [Error(
+            f"CRON_AT_SCALE['SHARD_DATABASES'] puts jobs on {', '.join(map(repr, homes))} but the app's models are "
+            "not routed there: migrate would not make its tables on each, or the ORM would read a job elsewhere.",
+            hint="Add 'cron_at_scale.routers.CronAtScaleRouter' to DATABASE_ROUTERS (before any router that "
+                 "routes every app); see docs/sharding.md.",
+            id="cron_at_scale.E006")]
     return [Error(
         f"CRON_AT_SCALE['DATABASE'] is {alias!r} but the app's models are not routed to it: migrate would put "
         "its tables elsewhere, while every statement of cron_at_scale runs on that alias.",
@@ -77,13 +91,18 @@ def check_database(app_configs=None, databases=None, **kwargs):
     alias = conf.db_alias()
     if not isinstance(alias, str) or alias not in settings.DATABASES:
         return []  # E001 names it
-    engine = connections[alias].vendor
-    if engine != "postgresql":
-        return [Error(
-            f"cron_at_scale needs PostgreSQL 13+; the {alias} database is {engine}.",
-            hint=f"Its claim uses FOR UPDATE SKIP LOCKED, jsonb and LISTEN/NOTIFY. Point DATABASES[{alias!r}] "
-                 "(or DATABASE_URL) at PostgreSQL; for a laptop, the repository's docker-compose.yml starts one.",
-            id="cron_at_scale.E002")]
+    try:
+        homes = list(dict.fromkeys([alias, *conf.shard_aliases()]))  # and every database of SHARD_DATABASES
+    except Exception:  # noqa: BLE001 (E001 names a bad SHARD_DATABASES)
+        homes = [alias]
+    for home in homes:
+        engine = connections[home].vendor
+        if engine != "postgresql":
+            return [Error(
+                f"cron_at_scale needs PostgreSQL 13+; the {home} database is {engine}.",
+                hint=f"Its claim uses FOR UPDATE SKIP LOCKED, jsonb and LISTEN/NOTIFY. Point DATABASES[{home!r}] "
+                     "(or DATABASE_URL) at PostgreSQL; for a laptop, the repository's docker-compose.yml starts one.",
+                id="cron_at_scale.E002")]
     try:
         from cron_at_scale import sql as db
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 # Defaults, each with why. Times are seconds.
@@ -72,6 +77,16 @@ DEFAULTS: dict[str, Any] = {
     # on, and a table that stops growing (at 10,000 jobs/s, keeping everything adds 864M rows
     # a day). None keeps them forever (cron_purge by hand). Failed jobs are never deleted.
     "RETENTION": 30 * 86400.0,
+    # Seconds a finished job (completed or cancelled, every attempt finished) stays in the live
+    # table before it moves, with its attempts, into the history tables (JobHistory, AttemptHistory:
+    # partitioned by time, dropped a partition at a time after RETENTION). 3600: a finished job reads
+    # as Job in the admin and cron_status for an hour (what ran this last hour is where one looks
+    # first); the live table holds what can still fire and the last hour's finished jobs (36M rows
+    # at 10,000 jobs/s: set less at such rates). None: nothing moves, RETENTION deletes from the live
+    # table row by row (the storage before the history tables).
+    "HISTORY_AFTER": 3600.0,
+    # Seconds of history per partition: the unit in which RETENTION drops it (a day).
+    "HISTORY_PARTITION": 86400.0,
     # Seconds a recurring job's due occurrence may go without a successful run before the job is
     # overdue (cron_at_scale.maintenance.overdue), unless the job sets its own (schedule(..., grace=)).
     # 300: the default catch-up window; a deploy or a restart is caught up within it, so
@@ -98,6 +113,12 @@ DEFAULTS: dict[str, Any] = {
     # A bearer token the metrics (the Django view, cron_dispatcher --metrics-port) require:
     # "Authorization: Bearer <token>", else 401. None: they answer whoever reaches them.
     "METRICS_TOKEN": None,
+    # Tracing (cron_at_scale.ops.tracing, with opentelemetry-api installed): the first run of a one-off
+    # job due at most this many seconds after its schedule() call is that call's span's child; one
+    # due later (and every retry and cron or interval fire) starts its own trace with a link to it.
+    # 60: a request's follow-up work (an email sent "now", a countdown of seconds) belongs in the
+    # request's trace; a run an hour later would stretch that trace over the hour. 0: always link.
+    "TRACE_CHILD_MAX_DELAY": 60.0,
     # Celery app path ("module:attr"); None => celery.current_app.
     "CELERY_APP": None,
     # The alias in settings.DATABASES that every table of the app lives on and every statement runs
@@ -106,6 +127,12 @@ DEFAULTS: dict[str, Any] = {
     # holding back the vacuum of the job tables; the cost: schedule() is then atomic with the
     # application's writes only on this alias (docs/own-database.md).
     "DATABASE": "default",
+    # The 64 shards spread over several PostgreSQL clusters: {alias: shards}, each alias one of
+    # settings.DATABASES, its shards a list of numbers and "a-b" ranges; every shard 0-63 exactly
+    # once. A job lives on the alias of its shard (from its id; a keyed job's shard from its key);
+    # one cron_dispatcher per alias (--database) claims there. None: every shard on DATABASE.
+    # docs/sharding.md.
+    "SHARD_DATABASES": None,
 }
 
 
@@ -125,6 +152,11 @@ def problems() -> list[str]:
     if not isinstance(user, dict):
         return [f"CRON_AT_SCALE must be a dict, got {type(user).__name__}"]
     out = [f"CRON_AT_SCALE[{k!r}] is not a setting (known: {', '.join(DEFAULTS)})" for k in user if k not in DEFAULTS]
+    # NaN passes every comparison check below as False and infinity passes every lower bound: a
+    # number of either kind is refused here, once, and the checks below see the key's default.
+    odd = [k for k, v in user.items() if k in DEFAULTS and isinstance(v, float) and not math.isfinite(v)]
+    out += [f"CRON_AT_SCALE[{k!r}] must be a finite number, got {user[k]!r}" for k in odd]
+    user = {k: v for k, v in user.items() if k not in odd}
     for key in _POSITIVE:
         value = user.get(key, DEFAULTS[key])
         kind = int if key in _INTEGER else (int, float)
@@ -133,6 +165,9 @@ def problems() -> list[str]:
     value = user.get("LOOKAHEAD", DEFAULTS["LOOKAHEAD"])
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 60:
         out.append(f"CRON_AT_SCALE['LOOKAHEAD'] must be a number of seconds from 0 to 60, got {value!r}")
+    value = user.get("TRACE_CHILD_MAX_DELAY", DEFAULTS["TRACE_CHILD_MAX_DELAY"])
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:
+        out.append(f"CRON_AT_SCALE['TRACE_CHILD_MAX_DELAY'] must be a number of seconds >= 0, got {value!r}")
     value = user.get("PRELOAD", DEFAULTS["PRELOAD"])
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 600:
         out.append(f"CRON_AT_SCALE['PRELOAD'] must be a number of seconds from 0 to 600, got {value!r}")
@@ -167,6 +202,12 @@ def problems() -> list[str]:
     keep = user.get("HISTORY_PER_JOB", DEFAULTS["HISTORY_PER_JOB"])
     if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
         out.append(f"CRON_AT_SCALE['HISTORY_PER_JOB'] must be a whole number >= 1 or None, got {keep!r}")
+    after = user.get("HISTORY_AFTER", DEFAULTS["HISTORY_AFTER"])
+    if after is not None and (isinstance(after, bool) or not isinstance(after, (int, float)) or after < 0):
+        out.append(f"CRON_AT_SCALE['HISTORY_AFTER'] must be seconds >= 0 or None, got {after!r}")
+    part = user.get("HISTORY_PARTITION", DEFAULTS["HISTORY_PARTITION"])
+    if isinstance(part, bool) or not isinstance(part, (int, float)) or not part >= 1:
+        out.append(f"CRON_AT_SCALE['HISTORY_PARTITION'] must be seconds >= 1, got {part!r}")
     app_path = user.get("CELERY_APP")
     if app_path is not None and (not isinstance(app_path, str) or ":" not in app_path):
         out.append(f"CRON_AT_SCALE['CELERY_APP'] must be 'module:attribute' or None, got {app_path!r}")
@@ -174,6 +215,9 @@ def problems() -> list[str]:
     if not isinstance(alias, str) or alias not in settings.DATABASES:
         out.append(f"CRON_AT_SCALE['DATABASE'] is {alias!r}, not an alias of settings.DATABASES "
                    f"(known: {', '.join(map(repr, settings.DATABASES))})")
+    spec = user.get("SHARD_DATABASES")
+    if spec is not None:
+        out += parse_shard_databases(spec, settings.DATABASES)[1]
     for key in ("DLQ_QUEUE",):
         if not isinstance(user.get(key, DEFAULTS[key]), str) or not user.get(key, DEFAULTS[key]):
             out.append(f"CRON_AT_SCALE[{key!r}] must be a non-empty string, got {user[key]!r}")
@@ -251,10 +295,164 @@ def values() -> dict[str, Any]:
     return {name: get(name) for name in DEFAULTS}
 
 
+_using: ContextVar[str | None] = ContextVar("cron_at_scale_using", default=None)
+_pinned: str | None = None  # this process's alias (a dispatcher of one cluster: pin_alias)
+
+
 def db_alias() -> str:
-    """The alias of the app's database (``DATABASE``): every statement of the package runs on
-    ``django.db.connections[db_alias()]``, every transaction of its own is ``atomic(using=db_alias())``."""
-    return get("DATABASE")
+    """The alias the package's statements run on now: ``django.db.connections[db_alias()]``, every
+    transaction of its own ``atomic(using=db_alias())``. The alias of :func:`using` around the
+    call, else the process's (:func:`pin_alias`), else ``DATABASE``."""
+    return _using.get() or _pinned or get("DATABASE")
+
+
+@contextmanager
+def using(alias: str) -> Iterator[str]:
+    """Run the package's statements of this thread (and its context) on ``alias`` inside the block:
+    a job's own cluster (:func:`alias_of_job`)."""
+    token = _using.set(alias)
+    try:
+        yield alias
+    finally:
+        _using.reset(token)
+
+
+def pin_alias(alias: str | None) -> None:
+    """Make ``alias`` this process's database for every thread (a dispatcher serving one cluster of
+    ``SHARD_DATABASES``); None undoes it."""
+    global _pinned
+    _pinned = alias
+
+
+NUM_SHARDS = 64  # fixed by migration 0004 (cron_at_scale.models takes it from here)
+_RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
+
+
+def parse_shard_databases(spec: Any, known: Any = None) -> tuple[dict[int, str], list[str]]:
+    """``SHARD_DATABASES`` read: ({shard: alias} for the 64 shards, problems). ``spec`` maps an alias
+    (of ``known``, settings.DATABASES, when given) to a list of shard numbers (0-63) and ``"a-b"``
+    ranges (inclusive). Each problem names the key, the alias and the overlap or the gap."""
+    key = "CRON_AT_SCALE['SHARD_DATABASES']"
+    if not isinstance(spec, dict) or not spec:
+        return {}, [f"{key} must be a dict from a database alias to its shards, got {spec!r}"]
+    owner: dict[int, str] = {}
+    clashes: dict[tuple[str, str], list[int]] = {}  # (alias, the alias that had them first): shards
+    out = []
+    for alias, shards in spec.items():
+        if not isinstance(alias, str) or (known is not None and alias not in known):
+            out.append(f"{key}: {alias!r} is not an alias of settings.DATABASES "
+                       f"(known: {', '.join(map(repr, known or ()))})")
+            continue
+        items = [shards] if isinstance(shards, str) else shards
+        if not isinstance(items, (list, tuple)) or not items:
+            out.append(f"{key}[{alias!r}] must be a non-empty list of shard numbers and 'a-b' ranges, got {shards!r}")
+            continue
+        for item in items:
+            m = _RANGE.match(item) if isinstance(item, str) else None
+            if m:
+                first, last = int(m.group(1)), int(m.group(2))
+            elif isinstance(item, int) and not isinstance(item, bool):
+                first = last = item
+            else:
+                out.append(f"{key}[{alias!r}]: {item!r} is neither a shard number nor an 'a-b' range")
+                continue
+            if first < 0:
+                out.append(f"{key}[{alias!r}]: {item!r} is below shard 0 (shards are 0-{NUM_SHARDS - 1})")
+                continue
+            if not last < NUM_SHARDS:
+                out.append(f"{key}[{alias!r}]: {item!r} goes beyond shard {NUM_SHARDS - 1} (shards are 0-{NUM_SHARDS - 1})")
+                continue
+            if first > last:
+                out.append(f"{key}[{alias!r}]: {item!r} is backwards; write the lower shard first")
+                continue
+            for shard in range(first, last + 1):
+                if shard in owner:
+                    clashes.setdefault((alias, owner[shard]), []).append(shard)
+                else:
+                    owner[shard] = alias
+    for (alias, other), shards in clashes.items():
+        where = "twice" if alias == other else f"and on {other!r}"
+        many = len(set(shards)) > 1
+        out.append(f"{key}: shard{'s' if many else ''} {shard_ranges(sorted(set(shards)))} "
+                   f"{'are' if many else 'is'} on {alias!r} {where}; each shard goes on one alias, once")
+    missing = [s for s in range(NUM_SHARDS) if s not in owner]
+    if missing and not out:
+        many = len(missing) > 1
+        out.append(f"{key}: shard{'s' if many else ''} {shard_ranges(missing)} {'are' if many else 'is'} on no alias; "
+                   f"every shard 0-{NUM_SHARDS - 1} needs one")
+    return (owner if not out else {}), out
+
+
+def shard_ranges(shards: list[int]) -> str:
+    """``[0, 1, 2, 5]`` as ``"0-2, 5"``."""
+    parts, start = [], None
+    for i, s in enumerate(shards):
+        if start is None:
+            start = s
+        if i + 1 == len(shards) or shards[i + 1] != s + 1:
+            parts.append(str(start) if start == s else f"{start}-{s}")
+            start = None
+    return ", ".join(parts)
+
+
+_shard_cache: tuple[Any, dict[int, str]] = (None, {})
+
+
+def shard_map() -> dict[int, str] | None:
+    """{shard: alias} from ``SHARD_DATABASES``, or None when it is unset (every shard on
+    ``DATABASE``). Raises ``ImproperlyConfigured`` if it is set but wrong."""
+    global _shard_cache
+    spec = get("SHARD_DATABASES")
+    if spec is None:
+        return None
+    if _shard_cache[0] is spec:
+        return _shard_cache[1]
+    from django.conf import settings
+    from django.core.exceptions import ImproperlyConfigured
+
+    owner, found = parse_shard_databases(spec, settings.DATABASES)
+    if found:
+        raise ImproperlyConfigured("; ".join(found))
+    _shard_cache = (spec, owner)
+    return owner
+
+
+def shard_aliases() -> list[str]:
+    """Every alias that holds shards, in the order of ``SHARD_DATABASES`` (``[DATABASE]`` when unset)."""
+    owner = shard_map()
+    if owner is None:
+        return [get("DATABASE")]
+    held = set(owner.values())
+    return [alias for alias in get("SHARD_DATABASES") if alias in held]
+
+
+def shards_of(alias: str) -> list[int]:
+    """The shards ``alias`` holds (all 64 when ``SHARD_DATABASES`` is unset)."""
+    owner = shard_map()
+    if owner is None:
+        return list(range(NUM_SHARDS))
+    return [s for s in range(NUM_SHARDS) if owner[s] == alias]
+
+
+def alias_of_key(key: str) -> str:
+    """The alias holding the jobs of idempotency key ``key``: the alias of the key's shard
+    (:func:`cron_at_scale.ids.shard_of_key`); ``db_alias()`` when ``SHARD_DATABASES`` is unset."""
+    owner = shard_map()
+    if owner is None:
+        return db_alias()
+    from cron_at_scale.ids import shard_of_key
+
+    return owner[shard_of_key(key)]
+
+
+def alias_of_job(job_id: Any) -> str:
+    """The alias holding the job with id ``job_id`` (a UUID or its text): the alias of its shard, the
+    low 6 bits of the id (as the ``shard`` column computes it); ``db_alias()`` when unset."""
+    owner = shard_map()
+    if owner is None:
+        return db_alias()
+    value = job_id.int if hasattr(job_id, "int") else int(str(job_id)[-2:], 16)
+    return owner[value % NUM_SHARDS]
 
 
 def get(name: str) -> Any:

@@ -78,14 +78,25 @@ class CronAtScaleBackend(BaseTaskBackend):
         return self._result(task, job, [])
 
     def get_result(self, result_id):
-        from cron_at_scale.models import Job
+        """The job's result, from the live table or, once it moved there (``HISTORY_AFTER``), the
+        history; ``TaskResultDoesNotExist`` for an unknown id (or one dropped with its partition)."""
+        from cron_at_scale.models import AttemptHistory, Job, JobHistory
+        from cron_at_scale.tasks import RUN_DJANGO_TASK
 
         try:
-            job = Job.objects.get(id=uuid.UUID(str(result_id)), task="cron_at_scale.run_django_task")
-        except (Job.DoesNotExist, ValueError):
+            job_id = uuid.UUID(str(result_id))
+        except ValueError:
             raise TaskResultDoesNotExist(result_id) from None
+        job = Job.objects.filter(id=job_id, task=RUN_DJANGO_TASK).first()
+        if job is not None:
+            attempts = list(job.attempt_log.order_by("attempt"))
+        else:
+            job = JobHistory.objects.filter(id=job_id, task=RUN_DJANGO_TASK).first()
+            if job is None:
+                raise TaskResultDoesNotExist(result_id)
+            attempts = list(AttemptHistory.objects.filter(job_id=job_id).order_by("attempt"))
         task = import_string(job.payload["args"][0])
-        return self._result(task, job, list(job.attempt_log.order_by("attempt")))
+        return self._result(task, job, attempts)
 
     def _result(self, task, job, attempts) -> TaskResult:
         started = [a for a in attempts if a.started_at]

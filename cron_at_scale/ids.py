@@ -10,6 +10,7 @@ random last 32 bits, so it stays uniform (migration 0007).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import uuid
@@ -21,9 +22,19 @@ _RAND_B = (1 << 62) - 1
 _UNKNOWN_SAFETY = uuid.SafeUUID.unknown
 
 
-def new_job_id() -> uuid.UUID:
-    """A new job id: a UUID version 7 of the current time (RFC 9562, section 5.7)."""
-    return _uuid(_v7(time.time_ns() // 1_000_000, int.from_bytes(os.urandom(10))))
+def new_job_id(shard: int | None = None) -> uuid.UUID:
+    """A new job id: a UUID version 7 of the current time (RFC 9562, section 5.7). ``shard``
+    (0-63), if given, sets the id's low 6 random bits, which are its shard."""
+    rand = int.from_bytes(os.urandom(10))
+    if shard is not None:
+        rand = rand & ~63 | shard
+    return _uuid(_v7(time.time_ns() // 1_000_000, rand))
+
+
+def shard_of_key(key: str) -> int:
+    """The shard (0-63) of a keyed job: from its key (BLAKE2b of its UTF-8), so that every job of
+    one key lives on one shard, and so on one database of ``SHARD_DATABASES``."""
+    return hashlib.blake2b(key.encode("utf-8", "surrogatepass"), digest_size=8).digest()[-1] & 63
 
 
 def job_ids(batch: int = 1024) -> Iterator[uuid.UUID]:

@@ -11,6 +11,7 @@ from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now
 
+from cron_at_scale import conf
 from cron_at_scale.ids import new_job_id
 
 
@@ -59,7 +60,7 @@ class Outcome(models.TextChoices):
 
 LIVE_STATUSES = (Status.PENDING, Status.IN_PROGRESS, Status.PAUSED)
 
-NUM_SHARDS = 64  # fixed by migration 0004
+NUM_SHARDS = conf.NUM_SHARDS  # fixed by migration 0004
 DEFAULT_CATCHUP_WINDOW = 300.0  # seconds: a restart or deploy is caught up, a day-long outage is not
 
 
@@ -109,6 +110,9 @@ class Job(models.Model):
     # scheduled time (cron_at_scale.policy.expiry). No CHECK: adding one would scan the table under lock.
     expired_runs = models.IntegerField(db_default=0)
     pause_note = models.TextField(blank=True, db_default="")
+    # The W3C trace context of the span current at schedule() ({"traceparent": ..., "tracestate": ...},
+    # cron_at_scale.ops.tracing); NULL when OpenTelemetry is absent or no span was current.
+    trace_context = models.JSONField(null=True, blank=True, editable=False)
     # "Has it run?" (cron_at_scale.maintenance.overdue): NULL grace is the OVERDUE_GRACE setting's.
     grace = models.FloatField(null=True, blank=True, help_text="Seconds an occurrence may go without a success "
                               "before the job is overdue (empty: the OVERDUE_GRACE setting).")
@@ -285,3 +289,70 @@ class WorkerHealth(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class JobHistory(models.Model):
+    """A finished job moved out of the live table (:mod:`cron_at_scale.maintenance.archive`).
+
+    A completed or cancelled job whose attempts have all finished leaves ``Job`` for this table
+    ``HISTORY_AFTER`` seconds after it finished, with its attempts (:class:`AttemptHistory`), in
+    one statement. The table is range-partitioned by ``archived_at`` (database clock), one
+    partition per ``HISTORY_PARTITION`` seconds (a day by default), appended to and never updated;
+    a partition goes whole, detached and dropped, once it is older than ``RETENTION``.
+
+    The table has every column of ``cron_at_scale_job`` (after ``archived_at``, in the same order);
+    this model names those the admin shows. Read-only: nothing writes it through the ORM.
+    """
+
+    archived_at = models.DateTimeField(help_text="When the job left the live table (UTC).")
+    id = models.UUIDField(primary_key=True)  # the table's key is (id, archived_at): partitioned
+    schedule_type = models.CharField(max_length=8, choices=ScheduleType.choices)
+    fire_at = models.DateTimeField()
+    cron_expr = models.CharField(max_length=200, blank=True)
+    timezone = models.CharField(max_length=64)
+    task = models.CharField(max_length=200)
+    payload = models.JSONField(default=dict)
+    queue = models.CharField(max_length=200, blank=True)
+    options = models.JSONField(default=dict, blank=True)
+    status = models.CharField(max_length=12, choices=Status.choices)
+    retries = models.PositiveIntegerField()
+    max_retries = models.PositiveIntegerField(null=True)
+    attempts = models.PositiveIntegerField()
+    lost_attempts = models.PositiveIntegerField()
+    key = models.CharField(max_length=255, null=True, blank=True)
+    created_at = models.DateTimeField()
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "cron_at_scale_jobhistory"
+        verbose_name = "finished job (history)"
+        verbose_name_plural = "finished jobs (history)"
+
+    def __str__(self) -> str:
+        return f"{self.task} [{self.schedule_type}] {self.id} ({self.status})"
+
+
+class AttemptHistory(models.Model):
+    """A finished attempt moved out of the live attempt log with its job (see :class:`JobHistory`)."""
+
+    archived_at = models.DateTimeField()
+    id = models.BigIntegerField(primary_key=True)  # the table's key is (id, archived_at)
+    job_id = models.UUIDField()
+    attempt = models.PositiveIntegerField()
+    scheduled_at = models.DateTimeField()
+    dispatched_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=200, blank=True)
+    outcome = models.CharField(max_length=12, choices=Outcome.choices)
+    error = models.TextField(blank=True)
+    traceback = models.TextField(blank=True)
+    result = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        db_table = "cron_at_scale_attempthistory"
+        verbose_name = "finished attempt (history)"
+        verbose_name_plural = "finished attempts (history)"
+
+    def __str__(self) -> str:
+        return f"{self.job_id} #{self.attempt} {self.outcome}"

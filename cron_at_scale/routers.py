@@ -6,8 +6,9 @@ Add it to ``DATABASE_ROUTERS`` when that setting names another alias than ``"def
     DATABASE_ROUTERS = ["cron_at_scale.routers.CronAtScaleRouter"]
     CRON_AT_SCALE = {"DATABASE": "jobs"}
 
-It sends every model of the app (app label ``cron_at_scale``) to that alias, reads and writes,
-migrates the app there and nowhere else, and has no opinion on other apps' models. The
+It sends every model of the app (app label ``cron_at_scale``) to that alias (inside
+``conf.using(alias)``, to that one: a job's own database of ``SHARD_DATABASES``), reads and writes,
+migrates the app there and on every alias of ``SHARD_DATABASES``, nowhere else, and has no opinion on other apps' models. The
 package's own statements go to the alias without it (:func:`cron_at_scale.conf.db_alias`); the
 router is for what Django does with the models: ``migrate``, the admin, the ORM in user code.
 ``manage.py check`` errors (``cron_at_scale.E006``) when the alias is not "default" and the
@@ -42,7 +43,7 @@ class CronAtScaleRouter:
         return None
 
     def allow_migrate(self, db: str, app_label: str, model_name: str | None = None, **hints: Any) -> bool | None:
-        """The app's tables on its alias only; None for other apps."""
+        """The app's tables on its alias, and on every alias of ``SHARD_DATABASES``; None for other apps."""
         if app_label == APP_LABEL:
-            return db == conf.db_alias()
+            return db == conf.get("DATABASE") or db in conf.shard_aliases()
         return None

@@ -14,7 +14,14 @@ from typing import Any
 from django.http import HttpResponse
 from django.views.decorators.http import require_GET
 
-from cron_at_scale.ops.status import DEFAULT_WINDOW, recent_lags, snapshot
+from cron_at_scale.ops.status import (
+    DEFAULT_WINDOW,
+    duration_text,
+    oldest_due_per_queue,
+    recent_lags,
+    snapshot,
+    why_late,
+)
 
 LAG_BARS = (0.01, 0.1, 0.5, 1, 5, 30, 60)  # seconds: the dashboard's lag histogram edges
 CHART_WIDTH = 420  # px of the longest bar
@@ -60,11 +67,42 @@ def dashboard_context(window: float = DEFAULT_WINDOW) -> dict[str, Any]:
     """What the dashboard template shows: the status snapshot and two bar charts."""
     snap = snapshot(window)
     lags = recent_lags(window)
-    bucket_labels = {"overdue": "overdue", "next_minute": "next minute", "next_hour": "next hour",
+    # the snapshot's "overdue" bucket is a pending job past its fire time: "late" here, as in the job list
+    # ("overdue" is the other rule: a recurring job with no success within its grace)
+    bucket_labels = {"overdue": "late", "next_minute": "next minute", "next_hour": "next hour",
                      "next_day": "next day", "later": "later"}
+    bucket_filters = {"overdue": "late", "next_minute": "minute", "next_hour": "hour", "next_day": "day",
+                      "later": "later"}
     pending = _bars([(bucket_labels[k], v) for k, v in snap.pending.items()])
+    for bar, key in zip(pending, snap.pending, strict=True):
+        bar["due"] = bucket_filters[key]
     lag = _bars(lag_histogram(lags))
     ms = {k: (None if v is None else round(v * 1000, 1)) for k, v in snap.lag_seconds.items()}
     return {"status": snap, "pending_bars": pending, "pending_height": 26 * len(pending),
             "lag_bars": lag, "lag_height": 26 * len(lag), "lag_ms": ms, "window_minutes": round(window / 60),
-            "capped": set(snap.capped), "estimated": set(snap.estimated)}
+            "capped": set(snap.capped), "estimated": set(snap.estimated), "queue_rows": queue_rows(snap),
+            "oldest_late_text": duration_text(snap.oldest_overdue_seconds)}
+
+
+def queue_rows(snap) -> list[dict[str, Any]]:
+    """The dashboard's queues: each broker queue of the snapshot (held or not, and why, as
+    ``cron_status`` says it) with the oldest due job waiting for it, and any job queue with a due job
+    the survey did not list (its ``queue`` column, or ``(default)``)."""
+    from cron_at_scale.celery_app import get_app
+    from cron_at_scale.dispatcher.backpressure import destination
+
+    states = {q["queue"]: (q["state"], q["held"]) for q in snap.queues}
+    rows = {q["queue"]: {**q, "oldest": None, "job_queue": None} for q in snap.queues}
+    app = get_app()
+    for due in oldest_due_per_queue():
+        reason = why_late(due["task"], due["queue"], states, snap.dispatchers_alive, app)
+        try:
+            name = destination(app, due["task"], due["queue"]) or due["queue"] or "(default)"
+        except Exception:  # noqa: BLE001 (a task the router cannot place: list it under its job queue)
+            name = due["queue"] or "(default)"
+        row = rows.setdefault(name, {"queue": name, "depth": None, "consumers": None, "state": "-", "held": False,
+                                     "oldest": None, "job_queue": due["queue"]})
+        if row["oldest"] is None or due["fire_at"] < row["oldest"]["fire_at"]:
+            row["oldest"] = {**due, "why": reason, "late_text": duration_text(due["late_seconds"])}
+            row["job_queue"] = due["queue"]
+    return sorted(rows.values(), key=lambda r: (not r["held"], r["oldest"] is None, r["queue"]))

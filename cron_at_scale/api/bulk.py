@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime, timedelta, timezone
 from itertools import chain, islice
 from typing import Any
@@ -36,6 +36,7 @@ from cron_at_scale.api.validation import (
 from cron_at_scale.exceptions import ValidationError
 from cron_at_scale.ids import job_ids
 from cron_at_scale.models import DEFAULT_CATCHUP_WINDOW, LIVE_STATUSES, Catchup, Job, Overlap, ScheduleType, Status
+from cron_at_scale.ops import tracing
 from cron_at_scale.sql import db_now
 
 
@@ -56,11 +57,18 @@ def schedule_many(specs: Iterable[Mapping[str, Any]], *, batch_size: int = 10_00
     if not specs:
         return []
     now = db_now()  # now, not halfway: once the COPY streams, a query cannot go on the connection
-    with _gc_paused(), transaction.atomic(using=conf.db_alias()):
-        return _schedule_many(specs, batch_size, now)
+    if conf.shard_map() is None:
+        with _gc_paused(), transaction.atomic(using=conf.db_alias()):
+            return _schedule_many(specs, batch_size, now)
+    # SHARD_DATABASES: every job on its shard's database, in one transaction on each, committed
+    # one after the other once every row is in (all or nothing up to the commits)
+    with _gc_paused(), ExitStack() as stack:
+        for alias in conf.shard_aliases():
+            stack.enter_context(transaction.atomic(using=alias))
+        return _schedule_many(specs, batch_size, now, sharded=True)
 
 
-def _schedule_many(specs: list[Any], batch_size: int, now: datetime) -> list[Job]:
+def _schedule_many(specs: list[Any], batch_size: int, now: datetime, sharded: bool = False) -> list[Job]:
     """``schedule_many`` once its arguments are checked, inside its transaction.
 
     Specs are validated as the COPY asks for rows, so that PostgreSQL takes in
@@ -95,7 +103,20 @@ def _schedule_many(specs: list[Any], batch_size: int, now: datetime) -> list[Job
 
     source = rows()
     copied: list[Job] = []
-    while batch := _copy(source, batch_size):
+    trace = tracing.carrier()  # one caller, one span: the same context on every job of the call
+    if sharded:  # every spec checked first, then each database's rows copied there
+        made = list(source)
+        by_alias: dict[str, list[tuple]] = {}
+        for row in made:
+            by_alias.setdefault(conf.alias_of_job(row[0]), []).append(row)
+        jobs: dict[Any, Job] = {}
+        for alias, part in by_alias.items():
+            with conf.using(alias):
+                left = iter(part)
+                while batch := _copy(left, batch_size, trace):
+                    jobs.update((job.id, job) for job in batch)
+        copied = [jobs[row[0]] for row in made]
+    while not sharded and (batch := _copy(source, batch_size, trace)):
         copied += batch
     first_by_key: dict[str, Job] = {}
     unkeyed: list[Job] = []
@@ -105,10 +126,14 @@ def _schedule_many(specs: list[Any], batch_size: int, now: datetime) -> list[Job
         elif job is not None and job.key not in first_by_key:
             first_by_key[job.key] = job
     inserts = unkeyed + list(first_by_key.values())
-    for start in range(0, len(inserts), 1000):
-        Job.objects.bulk_create(inserts[start : start + 1000], ignore_conflicts=True)
-    live = {j.key: j for j in Job.objects.filter(key__in=list(first_by_key), status__in=LIVE_STATUSES)} \
-        if first_by_key else {}
+    live: dict[str, Job] = {}
+    for alias in conf.shard_aliases() if sharded else [conf.db_alias()]:
+        mine = [job for job in inserts if conf.alias_of_job(job.id) == alias] if sharded else inserts
+        for start in range(0, len(mine), 1000):
+            Job.objects.using(alias).bulk_create(mine[start : start + 1000], ignore_conflicts=True)
+        keys = [job.key for job in mine if job.key is not None]
+        if keys:
+            live.update((j.key, j) for j in Job.objects.using(alias).filter(key__in=keys, status__in=LIVE_STATUSES))
     copied_jobs = iter(copied)
     return [next(copied_jobs) if job is None else job if job.key is None else live.get(job.key, job) for job in order]
 
@@ -200,7 +225,7 @@ class _FastRows:
         if not spec.keys() <= _BASIC_KEYS:
             options = {opt: value for opt, value in spec.items() if opt in OPTIONS}
             for opt, value in options.items():
-                check_option(opt, value)
+                options[opt] = check_option(opt, value)
         tz = cronlib.zone_name(get("tz", "UTC"))
         if type(tz) is not str:
             return None
@@ -239,9 +264,9 @@ def _job_row(job: Job) -> tuple:
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
-def _copy(rows: Iterator[tuple], limit: int, chunk: int = 1000) -> list[Job]:
+def _copy(rows: Iterator[tuple], limit: int, trace: dict[str, str] | None = None, chunk: int = 1000) -> list[Job]:
     """Insert up to ``limit`` rows taken from ``rows`` with one ``COPY ... FROM STDIN`` (text format)
-    and return their Jobs; none left, no COPY. The COPY streams ``chunk`` rows at a time: PostgreSQL
+    and return their Jobs, each with ``trace`` as its trace context; none left, no COPY. The COPY streams ``chunk`` rows at a time: PostgreSQL
     parses and indexes one while Python takes the next from ``rows`` and builds the Jobs of the last."""
     jobs: list[Job] = []
     alias = conf.db_alias()
@@ -259,7 +284,9 @@ def _copy(rows: Iterator[tuple], limit: int, chunk: int = 1000) -> list[Job]:
     def recurrence(rec: tuple) -> str:
         kind, cron_expr, interval, occurrence_at, catchup, window, overlap, jitter = rec
         return (f"\t{kind}\t{text(cron_expr)}\t{number(interval)}\t{time(occurrence_at)}\t{catchup}"
-                f"\t{number(window)}\t{overlap}\t{number(jitter)}\t{_PENDING}\n")
+                f"\t{number(window)}\t{overlap}\t{number(jitter)}\t{_PENDING}\t{traced}\n")
+
+    traced = "\\N" if trace is None else text(dumps(trace))
 
     one_off = recurrence(_ONE_OFF)
 
@@ -280,7 +307,7 @@ def _copy(rows: Iterator[tuple], limit: int, chunk: int = 1000) -> list[Job]:
                 payload = payload.replace("\\", "\\\\")  # JSON escapes tabs and line breaks itself
                 lines.append(f"{job_id.hex}\t{fire_at.isoformat()}\t{payload}{tail}")
             yield "".join(lines).encode()
-            jobs.extend([_job_from_row(row, alias) for row in part])
+            jobs.extend([_job_from_row(row, alias, trace) for row in part])
 
     stream = chunks()
     first = next(stream, None)  # a bad spec here raises before any COPY
@@ -314,11 +341,12 @@ class _Reader:
 
 _JOB_DEFAULTS = {"status": _PENDING, "retries": 0, "attempts": 0, "lost_attempts": 0,
                  "cancel_requested": False, "locked_by": "", "locked_until": None, "key": None, "buffered_at": None,
-                 "missed_occurrences": 0, "skipped_occurrences": 0, "expired_runs": 0, "pause_note": ""}
+                 "missed_occurrences": 0, "skipped_occurrences": 0, "expired_runs": 0, "pause_note": "",
+                 "trace_context": None}
 _ONE_OFF_DEFAULTS = {**_JOB_DEFAULTS, **dict(zip(_RECURRENCE_FIELDS, _ONE_OFF))}
 
 
-def _job_from_row(row: tuple, alias: str) -> Job:
+def _job_from_row(row: tuple, alias: str, trace: dict[str, str] | None = None) -> Job:
     """The saved ``Job`` of a row copied in, built without ``Model.__init__`` (~15 µs a job): as loaded from the
     database, with ``shard``, ``created_at`` and ``updated_at`` (set there) deferred until read."""
     job = Job.__new__(Job)
@@ -329,5 +357,6 @@ def _job_from_row(row: tuple, alias: str) -> Job:
     if row[10] is not _ONE_OFF:
         values.update(zip(_RECURRENCE_FIELDS, row[10]))
     values.update(zip(_ROW_FIELDS, row))
+    values["trace_context"] = trace
     values["_state"] = state
     return job

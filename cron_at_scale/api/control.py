@@ -44,7 +44,9 @@ def cancel(job_id: uuid.UUID | str) -> bool:
     running one sees ``current_job().cancel_requested`` at its next heartbeat.
     Raises ``ValidationError`` (field ``job_id``) for a malformed id.
     """
-    return db.run("cancel", {"job_id": job_uuid(job_id)}, fetch="one", retries=0) is not None
+    job_id = job_uuid(job_id)
+    with conf.using(conf.alias_of_job(job_id)):
+        return db.run("cancel", {"job_id": job_id}, fetch="one", retries=0) is not None
 
 
 def requeue(job_id: uuid.UUID | str | None = None, *, task: str | None = None, queue: str | None = None,
@@ -79,10 +81,13 @@ def requeue(job_id: uuid.UUID | str | None = None, *, task: str | None = None, q
     if job_id is None and task is None and queue is None and failed_after is None and failed_before is None \
             and not all_failed:
         raise ValidationError("job_id", "give a job id, a filter, or all_failed=True")
-    ids = list(Job.objects.filter(query).values_list("id", flat=True))
     done = 0
-    for start in range(0, len(ids), batch_size):
-        done += db.run("requeue", {"job_ids": ids[start : start + batch_size]}, fetch="count", retries=0)
+    aliases = [conf.alias_of_job(job_uuid(job_id))] if job_id is not None else conf.shard_aliases()
+    for alias in aliases:  # each database of SHARD_DATABASES its own
+        with conf.using(alias):
+            ids = list(Job.objects.using(alias).filter(query).values_list("id", flat=True))
+            for start in range(0, len(ids), batch_size):
+                done += db.run("requeue", {"job_ids": ids[start : start + batch_size]}, fetch="count", retries=0)
     return done
 
 
@@ -96,7 +101,9 @@ def pause(job_id: uuid.UUID | str, note: str = "") -> bool:
         raise ValidationError("note", "must be a string of at most 2000 characters")
     if note:
         check_text("note", note, 2000)
-    return db.run("pause", {"job_id": job_uuid(job_id), "note": note}, fetch="one", retries=0) is not None
+    job_id = job_uuid(job_id)
+    with conf.using(conf.alias_of_job(job_id)):
+        return db.run("pause", {"job_id": job_id, "note": note}, fetch="one", retries=0) is not None
 
 
 def resume(job_id: uuid.UUID | str, missed: str | None = None) -> bool:
@@ -121,6 +128,11 @@ def resume(job_id: uuid.UUID | str, missed: str | None = None) -> bool:
     if missed is not None and missed not in RESUME_CHOICES:
         raise ValidationError("missed", f"must be one of {', '.join(RESUME_CHOICES)} or None, got {show(missed, 40)}")
     job_uuid_ = job_uuid(job_id)
+    with conf.using(conf.alias_of_job(job_uuid_)):
+        return _resume_now(job_uuid_, missed)
+
+
+def _resume_now(job_uuid_: uuid.UUID, missed: str | None) -> bool:
     if missed is None:
         return _resume(job_uuid_)
     with transaction.atomic(using=conf.db_alias()):

@@ -49,8 +49,9 @@ from cron_at_scale.api.validation import (
     task_name,
 )
 from cron_at_scale.exceptions import KeyConflict, ValidationError
-from cron_at_scale.ids import new_job_id
+from cron_at_scale.ids import new_job_id, shard_of_key
 from cron_at_scale.models import LIVE_STATUSES, Job, ScheduleType, Status
+from cron_at_scale.ops import tracing
 from cron_at_scale.policy import expiry
 from cron_at_scale.policy.recurrence import Recurrence
 from cron_at_scale.sql import db_now  # the database's clock; a name here too, as before
@@ -117,13 +118,13 @@ def build_job(
     for opt, value in options.items():
         if opt not in OPTIONS:
             raise ValidationError(opt, f"unknown argument; schedule() takes {', '.join(ARGUMENTS + sorted(OPTIONS))}")
-        check_option(opt, value)
+        options[opt] = check_option(opt, value)
     tz = cronlib.zone_name(tz)  # type: ignore[assignment]  # a ZoneInfo is taken by its IANA name
     if not isinstance(tz, str):
         raise ValidationError("tz", f"must be an IANA time zone name, got {show(tz, 40)}")
 
     recurring = cron is not None or every is not None
-    job_id = new_job_id()
+    job_id = new_job_id(None if key is None else shard_of_key(key))
     policy = check_policy(recurring, catchup, catchup_window, overlap, jitter)
     if every is not None:
         every = seconds("every", every, minimum=0.001)
@@ -196,11 +197,12 @@ def build_job(
         locked_by="",
         key=key,
         grace=grace,
+        trace_context=tracing.carrier(),  # the caller's span, if any (NULL otherwise: nothing stored)
     )
 
 
 def _live_job_by_key(key: str) -> Job | None:
-    return Job.objects.filter(key=key, status__in=LIVE_STATUSES).first()
+    return Job.objects.using(conf.db_alias()).filter(key=key, status__in=LIVE_STATUSES).first()
 
 
 
@@ -230,9 +232,12 @@ def schedule(task: Any, *, update: bool = False, **spec: Any) -> Job:
     ``overlap`` (``"skip"``, ``"buffer_one"``, ``"allow"``) and ``jitter``
     (seconds); see ``cron_at_scale.policy.recurrence``. ``grace``: seconds an occurrence of a recurring job
     may go without a successful run before the job is overdue (default: the ``OVERDUE_GRACE``
-    setting, 300 s); see ``cron_at_scale.maintenance.overdue``. ``priority``: Celery message priority. ``retry_backoff``,
-    ``retry_backoff_max`` (seconds), ``retry_jitter``, ``retry_all_exceptions``:
-    this job's retry policy (see ``cron_at_scale.policy.retry``). ``expires``: seconds (or a timedelta; for
+    setting, 300 s); see ``cron_at_scale.maintenance.overdue``. ``priority``: Celery message priority. ``retry_backoff``
+    (Celery's: ``True`` or a factor in seconds, delay ``factor * 2**n``), ``retry_backoff_max``
+    (seconds), ``retry_jitter``, ``retry_all_exceptions``, ``autoretry_for`` and ``dont_autoretry_for``
+    (lists of exception classes or import paths, stored as paths), ``retry_kwargs`` (``max_retries``,
+    ``countdown``): this job's retry policy, the task's Celery options of the same names replaced for
+    this job (see ``cron_at_scale.policy.retry``). ``expires``: seconds (or a timedelta; for
     a one-off job also an aware datetime, taken as that many seconds after its ``fire_at``): a run
     not started that long after its scheduled time is skipped and counted in ``expired_runs``,
     never run (Celery's ``expires``; see ``cron_at_scale.policy.expiry``).
@@ -243,18 +248,24 @@ def schedule(task: Any, *, update: bool = False, **spec: Any) -> Job:
     if not isinstance(update, bool):
         raise ValidationError("update", f"must be True or False, got {show(update, 40)}")
     job = build_job(task, **spec)
+    with conf.using(conf.alias_of_job(job.id)):  # the job's own database (SHARD_DATABASES)
+        return _save(job, update, spec)
+
+
+def _save(job: Job, update: bool, spec: dict[str, Any]) -> Job:
+    """Insert ``job``; for a key already live, the live job (or it, changed: ``update``)."""
     if job.key is None:
-        job.save(force_insert=True)
+        job.save(force_insert=True, using=conf.db_alias())
         return job
     try:
         with transaction.atomic(using=conf.db_alias()):  # a savepoint inside the caller's transaction
-            job.save(force_insert=True)
+            job.save(force_insert=True, using=conf.db_alias())
         return job
     except IntegrityError:
         existing = _live_job_by_key(job.key)
         if existing is None:  # the holder finished between our insert and our read: try once more
             with transaction.atomic(using=conf.db_alias()):
-                job.save(force_insert=True)
+                job.save(force_insert=True, using=conf.db_alias())
             return job
     differ = differing_schedule_fields(existing, job)
     if not update:
@@ -297,7 +308,7 @@ def _locked_job(job_or_key: Any) -> Job:
             lookup = Q(key=check_text("job_or_key", job_or_key, 255), status__in=LIVE_STATUSES)
     else:
         raise ValidationError("job_or_key", f"must be a Job, a job id or a key, got {show(job_or_key, 60)}")
-    job = Job.objects.select_for_update().filter(lookup).order_by("-created_at").first()
+    job = Job.objects.using(conf.db_alias()).select_for_update().filter(lookup).order_by("-created_at").first()
     if job is None:
         raise ValidationError("job_or_key", f"no job with id or live key {show(job_or_key, 80)}")
     return job
@@ -333,12 +344,30 @@ def reschedule(job_or_key: Any, **changes: Any) -> Job:
     bad value, a job not live, a one-off already claimed, one-off to recurring
     or back) and changes nothing.
     """
-    with transaction.atomic(using=conf.db_alias()):
+    with conf.using(alias_of(job_or_key)), transaction.atomic(using=conf.db_alias()):
         job = _locked_job(job_or_key)
         new = changed_job(job, changes)
         apply_change(job, new, move=any(changes.get(n) is not None for n in ("at", "countdown")))
-    job.refresh_from_db()
+        job.refresh_from_db(using=conf.db_alias())
     return job
+
+
+def alias_of(job_or_key: Any) -> str:
+    """The database of the job named by ``job_or_key`` (a ``Job``, its id, or a key): its shard's alias
+    in ``SHARD_DATABASES`` (a key's shard comes from the key), else ``db_alias()``."""
+    owner = conf.shard_map()
+    if owner is None:
+        return conf.db_alias()
+    if isinstance(job_or_key, Job):
+        return conf.alias_of_job(job_or_key.pk)
+    if isinstance(job_or_key, uuid.UUID):
+        return conf.alias_of_job(job_or_key)
+    if isinstance(job_or_key, str) and job_or_key:
+        try:
+            return conf.alias_of_job(uuid.UUID(job_or_key))
+        except ValueError:
+            return conf.alias_of_key(job_or_key)
+    return conf.db_alias()
 
 
 def changed_job(job: Job, changes: Mapping[str, Any]) -> Job:

@@ -31,9 +31,11 @@ RESCHEDULE_ARGUMENTS = ["task", *(a for a in ARGUMENTS if a != "key")]
 MAX_COUNTDOWN = 100 * 365 * 86400  # seconds; a longer horizon is a bug, not a plan (at=, eta= and countdown= alike)
 MAX_JSON_DEPTH = 64
 MAX_INT_BITS = 1024  # far beyond any id or amount; Python refuses to print ints of ~4300+ digits
-# Options a job may carry: Celery's message priority, the retry policy's overrides, and Celery's
-# ``expires`` (seconds; see cron_at_scale.policy.expiry).
-OPTIONS = {"priority", "retry_backoff", "retry_backoff_max", "retry_jitter", "retry_all_exceptions", "expires"}
+# Options a job may carry: Celery's message priority, the retry policy's overrides (Celery's names,
+# Celery's meaning: cron_at_scale.policy.retry), and Celery's ``expires`` (seconds; see
+# cron_at_scale.policy.expiry).
+OPTIONS = {"priority", "retry_backoff", "retry_backoff_max", "retry_jitter", "retry_all_exceptions", "expires",
+           "autoretry_for", "dont_autoretry_for", "retry_kwargs"}
 
 
 def check_storable(field: str, text: str, subject: str = "") -> None:
@@ -131,10 +133,21 @@ def check_changes(schedule_type: str, changes: Mapping[str, Any]) -> None:
                                             "(an interval job takes at=, its first occurrence)")
 
 
-def check_option(opt: str, value: Any) -> None:
+def check_option(opt: str, value: Any) -> Any:
+    """Raise :class:`ValidationError` naming ``opt`` if ``value`` is not a valid value of job option
+    ``opt``; else return what the job stores (exception classes become their import paths)."""
+    if opt in ("autoretry_for", "dont_autoretry_for"):
+        return exception_paths(opt, value)
+    if opt == "retry_kwargs":
+        return check_retry_kwargs(value)
     if opt == "priority" and (isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 255):
         raise ValidationError(opt, f"must be an integer from 0 to 255, got {show(value, 40)}")
-    if opt in ("retry_backoff", "retry_backoff_max") and (
+    if opt == "retry_backoff" and not isinstance(value, bool) and (
+        not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value <= MAX_COUNTDOWN
+    ):  # Celery's meaning: True is a factor of 1 s, False or 0 is off, a number is the factor
+        raise ValidationError(opt, f"must be True, False or a factor in seconds from 0 to {MAX_COUNTDOWN} "
+                                   f"(Celery's: delay factor * 2**n), got {show(value, 40)}")
+    if opt == "retry_backoff_max" and (
         isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
         or not 0 <= value <= MAX_COUNTDOWN
     ):
@@ -146,6 +159,54 @@ def check_option(opt: str, value: Any) -> None:
 
         if check(value) != value:  # a timedelta or an aware datetime: build_job converts them first
             raise ValidationError(opt, f"must be a number of seconds here, got {show(value, 40)}")
+    return value
+
+
+def exception_paths(opt: str, value: Any) -> list[str]:
+    """``autoretry_for``/``dont_autoretry_for`` of a job: a list or tuple of exception classes or
+    their import paths (as Celery's task option takes classes); stored as import paths, each of which
+    must import here as an exception class."""
+    from cron_at_scale.policy.retry import exception_path, import_exception
+
+    if isinstance(value, (str, type)) or not isinstance(value, (list, tuple)):
+        raise ValidationError(opt, f"must be a list or tuple of exception classes or their import paths, "
+                                   f"got {show(value, 60)}")
+    out = []
+    for item in value:
+        path = exception_path(item) if isinstance(item, type) else item
+        if not isinstance(path, str) or "." not in path:
+            raise ValidationError(opt, f"an item must be an exception class or its import path "
+                                       f"('module.ExceptionName'), got {show(item, 60)}")
+        if isinstance(item, type) and not issubclass(item, BaseException):
+            raise ValidationError(opt, f"{path!r} is not an exception class")
+        if not isinstance(item, type):
+            try:
+                import_exception(path)
+            except ValueError as e:
+                raise ValidationError(opt, str(e)) from None
+        out.append(path)
+    return out
+
+
+def check_retry_kwargs(value: Any) -> dict[str, Any]:
+    """A job's ``retry_kwargs`` (Celery's: the arguments an autoretry passes to ``retry()``):
+    ``max_retries`` (an integer from 0 to 1000, or None) and ``countdown`` (seconds)."""
+    from cron_at_scale.policy.retry import JOB_RETRY_KWARGS
+
+    if not isinstance(value, Mapping):
+        raise ValidationError("retry_kwargs", f"must be a dict, got {show(value, 60)}")
+    for key in value:
+        if key not in JOB_RETRY_KWARGS:
+            raise ValidationError("retry_kwargs", f"takes {' and '.join(sorted(JOB_RETRY_KWARGS))} on a job "
+                                                  f"(eta: use countdown), got {show(key, 40)}")
+    limit = value.get("max_retries")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or not 0 <= limit <= 1000):
+        raise ValidationError("retry_kwargs", f"max_retries must be an integer from 0 to 1000 or None, "
+                                              f"got {show(limit, 40)}")
+    out = dict(value)
+    if "countdown" in value:
+        out["countdown"] = seconds("retry_kwargs", value["countdown"])
+    return out
 
 
 def horizon_error(field_name: str, value: Any) -> ValidationError:

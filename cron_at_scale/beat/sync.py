@@ -82,6 +82,11 @@ def upsert(new: Job, *, resume_note: str | None = None, revive_finished: bool = 
     ``revive_finished=False`` a finished job with the key (completed, failed,
     cancelled) counts as unchanged and nothing is inserted.
     """
+    with conf.using(conf.alias_of_job(new.id)):  # the key's database (SHARD_DATABASES)
+        return _upsert(new, resume_note, revive_finished, compare_fire_at)
+
+
+def _upsert(new: Job, resume_note: str | None, revive_finished: bool, compare_fire_at: bool) -> tuple[str, Job]:
     for _ in range(3):
         with transaction.atomic(using=conf.db_alias()):
             job = Job.objects.select_for_update().filter(key=new.key, status__in=LIVE_STATUSES).first()
@@ -139,7 +144,8 @@ def sync_beat_schedule(beat_schedule: Mapping[str, Any], *, app=None) -> SyncRep
         for w in warnings:
             log.warning("beat_schedule entry %r: %s", name, w)
         if new.cron_expr:  # DST: reported once, by the sync that creates the job or changes its expression/zone
-            before = Job.objects.filter(key=key, status__in=LIVE_STATUSES).values_list("cron_expr", "timezone").first()
+            before = Job.objects.using(conf.alias_of_job(new.id)).filter(key=key, status__in=LIVE_STATUSES) \
+                .values_list("cron_expr", "timezone").first()
             if before != (new.cron_expr, new.timezone):
                 now = now or db_now()
                 note = dst.summary(new.cron_expr, new.timezone, now)
@@ -149,10 +155,11 @@ def sync_beat_schedule(beat_schedule: Mapping[str, Any], *, app=None) -> SyncRep
         action, _job = upsert(new, resume_note=REMOVED_NOTE)
         getattr(report, action).append(name)
         kept.add(key)
-    gone = Job.objects.filter(key__startswith=KEY_PREFIX, status=Status.PENDING).exclude(key__in=kept)
-    for job_id, key in gone.exclude(schedule_type=ScheduleType.ONCE).values_list("id", "key"):
-        if pause(job_id, note=REMOVED_NOTE):
-            report.disabled.append(key[len(KEY_PREFIX):])
+    for alias in conf.shard_aliases():  # every database of SHARD_DATABASES
+        gone = Job.objects.using(alias).filter(key__startswith=KEY_PREFIX, status=Status.PENDING).exclude(key__in=kept)
+        for job_id, key in gone.exclude(schedule_type=ScheduleType.ONCE).values_list("id", "key"):
+            if pause(job_id, note=REMOVED_NOTE):
+                report.disabled.append(key[len(KEY_PREFIX):])
     return report
 
 

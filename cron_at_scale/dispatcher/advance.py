@@ -62,9 +62,11 @@ def advance(rows, *, lease: float, lookahead: float = 0.0, catchup: str | None =
             index = by_key[key] = len(plans)
             plans.append(p)
             if p.missed or p.skipped:
-                log.warning("job %s%s: %d occurrences missed (catch-up %s, window %.0fs), %d skipped (overlap %s)",
-                            job_id, "" if row.jitter else " and the jobs alike in this batch", p.missed, policy,
-                            row.catchup_window, len(p.skipped), overlap)
+                # a catch-up the caller chose (resume(missed=...)) is its own report; the job's policy dropping runs is news
+                log.log(logging.INFO if catchup else logging.WARNING,
+                        "job %s%s: %d occurrence(s) missed (catch-up %s, window %.0fs), %d skipped (overlap %s)",
+                        job_id, "" if row.jitter or len(rows) == 1 else " and the jobs alike in this batch", p.missed,
+                        policy, row.catchup_window, len(p.skipped), overlap)
         else:
             p = plans[index]
         if (not p.fire and not p.skipped and not p.missed and p.next_fire_at == row.fire_at

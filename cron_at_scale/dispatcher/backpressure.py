@@ -34,23 +34,30 @@ only ``MAX_BROKER_DEPTH`` holds it: the first batch into an idle queue may
 overshoot by up to ``BATCH_SIZE``. Several dispatchers each count their own claims only: the
 depth may overshoot by one allowance per dispatcher.
 
+A check that gets no answer (the broker does not answer, or on Redis the worker health rows cannot
+be read: a database restart) is no news: a held queue stays held until a check says it may fire,
+and a queue never held is not held for it.
+
 Cost: each queue is checked at most once a second (and once when first seen), never per job: one
 ``queue_declare(passive=True)`` per queue on a broker connection of this module's own, plus on Redis
-one small query of the worker health rows per check round.
+one small query of the worker health rows per check round. In a running dispatcher
+(:meth:`QueueGate.start`) a queue's first check is made on the loop, before any claim for it, and
+its re-checks on a thread of the gate's own: a check takes 5-70 ms on a busy box, and a claim woken
+by a job due now would otherwise wait behind it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from celery import Celery
 from kombu.common import Broadcast
-
-from cron_at_scale.ops import metrics
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +114,14 @@ def live_worker_queues() -> set[str] | None:
     from cron_at_scale import conf
     from cron_at_scale import sql as db
 
-    try:
-        with transaction.atomic(using=conf.db_alias()):  # a savepoint inside a caller's transaction
+    try:  # the health rows live on DATABASE, also for a dispatcher of another database of SHARD_DATABASES
+        with conf.using(conf.get("DATABASE")), transaction.atomic(using=conf.db_alias()):
             rows = db.run("live_worker_queues", {"window": 3 * float(conf.get("WORKER_HEARTBEAT_INTERVAL"))},
                           retries=0)
             return {r.queue for r in rows}
     except DatabaseError:
+        if not transaction.get_connection(conf.db_alias()).in_atomic_block:
+            db.reset_connection()  # maybe broken (a restart): the next check reconnects
         return None
 
 
@@ -192,7 +201,8 @@ class Probe:
             return QueueState(name, depth, consumers, FULL, True)
         if consumers == 0:
             return QueueState(name, depth, consumers, NO_CONSUMER, self.hold_unconsumed)
-        return QueueState(name, depth, consumers, OK if depth is not None else UNKNOWN, False)
+        # ok only when both are known: a Redis queue's consumers are unknown while the health rows cannot be read
+        return QueueState(name, depth, consumers, OK if depth is not None and consumers is not None else UNKNOWN, False)
 
 
 class QueueGate:
@@ -200,12 +210,15 @@ class QueueGate:
 
     ``max_depth``: ``MAX_BROKER_DEPTH`` (messages per queue); ``hold_unconsumed``: hold queues that
     have no consumer; ``max_wait``: seconds of its consumers' work a queue may hold (0: no pacing).
-    Not thread-safe: the dispatcher's loop thread only.
+    Not thread-safe: the dispatcher's loop thread only (:meth:`start` adds a thread of the gate's
+    own that only reads the broker: what it reads is taken in by :meth:`refresh` on the loop thread).
     """
 
     def __init__(self, app: Celery, max_depth: int, hold_unconsumed: bool, interval: float = CHECK_INTERVAL,
-                 max_wait: float = 0.0):
+                 max_wait: float = 0.0, on_pace: Callable[[str, bool, float | None], None] | None = None):
         self.app = app
+        # told (queue, paced, measured drain in messages/s) at each verdict: the dispatcher's metrics
+        self.on_pace = on_pace or (lambda queue, paced, drain: None)
         self.interval = interval
         self.max_wait = float(max_wait)
         self.drain: dict[str, float] = {}  # broker queue -> messages/s its consumers take (measured)
@@ -217,6 +230,15 @@ class QueueGate:
         self._due: dict[str, float] = {}  # broker queue -> monotonic time of its next check
         self._params: dict[str, Any] | None = None
         self._tasks_seeded = False
+        # the re-checks' thread (start()): the loop asks (names, monotonic time, runs claimed for each
+        # by then), the thread answers (their states, that time, those counts); one question at a time
+        self._thread: threading.Thread | None = None
+        self._cond = threading.Condition()
+        self._ask: tuple[list[str], float, dict[str, int]] | None = None
+        self._answer: tuple[dict[str, QueueState], float, dict[str, int]] | None = None
+        self._asked = False  # a question out, its answer not yet taken in
+        self._stopping = False
+        self.thread_probe = Probe(app, max_depth, hold_unconsumed)  # the thread's broker connection
 
     # -- routes ----------------------------------------------------------------------------
 
@@ -245,20 +267,88 @@ class QueueGate:
         if not self._tasks_seeded:
             self.seed()
         now = time.monotonic() if now is None else now
+        changed = []
+        if self._thread is not None and not self._thread.is_alive():  # it failed (logged): check here again
+            self._thread, self._asked = None, False
+        if self._thread is not None:
+            with self._cond:
+                answer, self._answer = self._answer, None
+            if answer is not None:
+                self._asked = False
+                changed += self._take(*answer)
         names = {n for n in self.routes.values() if n}
-        return self._check([n for n in sorted(names) if self._due.get(n, 0.0) <= now], now)
+        due = [n for n in sorted(names) if self._due.get(n, 0.0) <= now]
+        if self._thread is None:
+            return changed + self._check(due, now)
+        changed += self._check([n for n in due if n not in self.states], now)  # a first verdict before its claim
+        again = [n for n in due if n in self.states and self._due.get(n, 0.0) <= now]
+        if again and not self._asked:
+            self._asked = True
+            with self._cond:
+                self._ask = (again, now, {n: self._sent.get(n, 0) for n in again})
+                self._cond.notify()
+        return changed
+
+    def start(self) -> None:
+        """Re-check the queues on a thread of this gate's own from now on (a running dispatcher)."""
+        if self._thread is None:
+            self._stopping = False
+            self._thread = threading.Thread(target=self._rechecks, name="cron_at_scale-queues", daemon=True)
+            self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the re-checks' thread (refresh() checks on the calling thread again). A check stuck on
+        an unanswering broker is not waited for beyond ``timeout`` seconds: the thread is a daemon."""
+        if self._thread is not None:
+            with self._cond:
+                self._stopping = True
+                self._cond.notify()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning("the queue checks' thread is still waiting for the broker after %.0fs; left behind",
+                            timeout)
+            self._thread, self._ask, self._answer, self._asked = None, None, None, False
+
+    def _rechecks(self) -> None:
+        from django.db import connections
+
+        try:
+            while True:
+                with self._cond:
+                    while self._ask is None and not self._stopping:
+                        self._cond.wait()
+                    ask, self._ask = self._ask, None
+                    if self._stopping or ask is None:
+                        return
+                names, at, sent = ask
+                looked = self.thread_probe.look(names)
+                with self._cond:
+                    self._answer = (looked, at, sent)
+        except Exception:  # noqa: BLE001 (never expected: look() answers "unknown" on errors)
+            log.exception("the queue checks' thread failed; checks go back to the loop")
+        finally:
+            self.thread_probe.close()
+            connections.close_all()  # this thread's own
 
     def _check(self, names: list[str], now: float) -> list[QueueState]:
         if not names:
             return []
+        return self._take(self.probe.look(names), now, None)
+
+    def _take(self, looked: dict[str, QueueState], now: float, sent: dict[str, int] | None) -> list[QueueState]:
+        """Take in the states ``looked`` up at ``now`` (monotonic); ``sent``: the runs claimed for
+        each queue by then (None: all claimed so far, the check was made now)."""
         changed = []
-        for name, state in self.probe.look(names).items():
+        for name, state in looked.items():
             self._due[name] = now + self.interval
-            state = self._pace(name, state, now)
+            state = self._pace(name, state, now, None if sent is None else sent.get(name, 0))
             old = self.states.get(name)
+            if state.state == UNKNOWN and old is not None and old.held:
+                # no answer (a broker or database blip) is no news: a held queue stays held until a check says why not
+                state = old
             self.states[name] = state
             if name in self.drain:
-                metrics.observe_pace(name, state.state == PACED, self.drain[name])
+                self.on_pace(name, state.state == PACED, self.drain[name])
             if old is None or old.held != state.held:
                 self._params = None
                 if PACED in (state.state, old.state if old else None) and not (old and old.state == FULL):
@@ -275,10 +365,16 @@ class QueueGate:
 
     # -- pacing (MAX_QUEUE_WAIT) -------------------------------------------------------------
 
-    def _pace(self, name: str, state: QueueState, now: float) -> QueueState:
+    def _pace(self, name: str, state: QueueState, now: float, sent: int | None = None) -> QueueState:
         """Measure the queue's drain from this check and the last, and hold it if its backlog is more
-        than ``max_wait`` seconds of it."""
-        sent = self._sent.pop(name, 0)
+        than ``max_wait`` seconds of it. ``sent``: the runs claimed for it up to the check (None: all
+        counted so far); those claimed since stay counted for the next check."""
+        if sent is None:
+            sent = self._sent.pop(name, 0)
+        elif (later := self._sent.get(name, 0) - sent) > 0:
+            self._sent[name] = later
+        else:
+            self._sent.pop(name, None)
         depth = state.depth
         if depth is None or not self.max_wait:
             self._seen.pop(name, None)
@@ -324,7 +420,7 @@ class QueueGate:
                     and seen[1] + self._sent[name] >= self.allowance(name):
                 self.states[name] = QueueState(name, seen[1] + self._sent[name], state.consumers, PACED, True)
                 self._params = None
-                metrics.observe_pace(name, True, self.drain.get(name))
+                self.on_pace(name, True, self.drain.get(name))
 
     def claim_limit(self, batch: int) -> int:
         """At most ``batch`` rows, nor more than the room left in a paced queue that has a backlog
@@ -369,6 +465,7 @@ class QueueGate:
         return self._params
 
     def close(self) -> None:
+        self.stop()
         self.probe.close()
 
 

@@ -30,6 +30,7 @@ from cron_at_scale.dispatcher.preload import Preload
 from cron_at_scale.dispatcher.shards import AllShards, ShardLeases
 from cron_at_scale.dispatcher.timers import TIMER_SLICE, HeldRuns
 from cron_at_scale.dispatcher.wakeup import Wakeup
+from cron_at_scale.maintenance.archive import Archive
 from cron_at_scale.maintenance.history import HistoryTrim
 from cron_at_scale.maintenance.loop import Loop, LoopThread
 from cron_at_scale.maintenance.overdue import OverdueWatch
@@ -83,7 +84,8 @@ class Dispatcher:
         # per destination queue: which are full or unconsumed (their jobs stay in the database)
         self.queues = QueueGate(self.app, self.max_broker_depth, bool(
             conf.get("HOLD_UNCONSUMED_QUEUES") if hold_unconsumed is None else hold_unconsumed),
-            max_wait=conf.max_queue_wait({**conf.values(), "DISPATCH_LEASE": self.lease}))
+            max_wait=conf.max_queue_wait({**conf.values(), "DISPATCH_LEASE": self.lease}),
+            on_pace=metrics.observe_pace)
         # publishes on its own thread; a failing batch is retried for half its dispatch lease
         self.sender = Sender(self.publisher, self._sent, retry_for=self.lease / 2)
         # re-fired runs go out through this dispatcher's sender; they keep an expiring fire_at, maybe
@@ -96,7 +98,7 @@ class Dispatcher:
         # every step before the claim; the idle_only ones (retention, history trim) on the maintenance
         # thread below in run(), or inline when idle in a bare step().
         # The floor probe (below) has the same shape but runs on a thread of its own.
-        self.maintenance: list[Loop] = [self.reaper, self.overdue, Retention(), HistoryTrim()]
+        self.maintenance: list[Loop] = [self.reaper, self.overdue, Archive(), Retention(), HistoryTrim()]
         # in run(): the idle_only loops on a thread of their own, so that a purge catching up with
         # the fire rate never delays a claim (step() runs them inline when the thread is not running)
         self.background = LoopThread([loop for loop in self.maintenance if loop.idle_only], "cron_at_scale-maintenance")
@@ -320,6 +322,7 @@ class Dispatcher:
         claim_at = 0.0  # monotonic time of the next claim: the poll, sooner on a full batch or a wake-up
         self.held.start(lambda: self.fire_timers(wait=False))  # held runs go out whatever the loop does
         self.floor_probe.start()
+        self.queues.start()  # the queues' re-checks off the loop: a claim woken by a new job never waits for one
         self.background.start()
         # Django, Celery and kombu leave ~10^6 objects behind their imports; each full collection
         # walked them all (40-60 ms, about once a second at 10,000 jobs/s: every thread stopped,

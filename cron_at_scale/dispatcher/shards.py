@@ -91,6 +91,7 @@ class ShardLeases:
         self._ensured = False
         self.heads = ShardHeads(int(batch_size or conf.get("BATCH_SIZE")))
         self.floors = ShardFloors()
+        self.mine = conf.shards_of(conf.db_alias())  # this database's shards (SHARD_DATABASES), else all 64
 
     @property
     def all(self) -> bool:
@@ -107,7 +108,7 @@ class ShardLeases:
         """Say we are alive, renew, then take or give back shards toward a fair share."""
         live = db.run("heartbeat_dispatcher", {"name": self.name, "ttl": self.ttl,
                                               "shards": json.dumps(sorted(self.owned))}, fetch="one").alive
-        target = math.ceil(NUM_SHARDS / max(1, live))
+        target = math.ceil(len(self.mine) / max(1, live))
         owned = {r.shard for r in db.run("renew_shards", {"name": self.name, "ttl": self.ttl})}
         if len(owned) > target:
             extra = sorted(owned)[target:]
@@ -115,9 +116,10 @@ class ShardLeases:
             owned -= set(extra)
         elif len(owned) < target:
             if not self._ensured:
-                db.run("ensure_shards", {"n": NUM_SHARDS}, fetch="count")
+                db.run("ensure_shards", {"shards": self.mine}, fetch="count")
                 self._ensured = True
-            got = db.run("acquire_shards", {"name": self.name, "ttl": self.ttl, "n": target - len(owned)})
+            got = db.run("acquire_shards", {"name": self.name, "ttl": self.ttl, "n": target - len(owned),
+                                            "shards": self.mine})
             owned |= {r.shard for r in got}
         if owned != self.owned:
             log.info("dispatcher %s holds %d shards (%d dispatchers alive)", self.name, len(owned), live)
@@ -134,10 +136,9 @@ class ShardLeases:
 class AllShards:
     """A dispatcher told to claim every shard (``--shards all``): no leases taken."""
 
-    owned = set(range(NUM_SHARDS))
-    all = True
-
     def __init__(self, batch_size: int | None = None):
+        self.owned = set(conf.shards_of(conf.db_alias()))  # every shard of this database
+        self.all = len(self.owned) == NUM_SHARDS
         self.heads = ShardHeads(int(batch_size or conf.get("BATCH_SIZE")))
         self.floors = ShardFloors()
 

@@ -192,7 +192,13 @@ class DatabaseCollector:
         for bucket, n in snap.pending.items():
             pending.add_metric([bucket], n)
         yield pending
-        yield GaugeMetricFamily("cron_oldest_overdue_seconds", "How long the oldest due pending job has waited.",
+        # "late" as the admin and cron_status say it (due, not yet claimed); the overdue names are the same
+        # figures under their older names, kept for dashboards and alerts written before
+        yield GaugeMetricFamily("cron_oldest_late_seconds", "How long the oldest late job (due, pending) has waited.",
+                                value=snap.oldest_overdue_seconds)
+        yield GaugeMetricFamily("cron_jobs_late", "Late jobs: due, pending, not yet claimed (counts capped at "
+                                f"{status.COUNT_CAP}).", value=snap.pending.get("overdue", 0))
+        yield GaugeMetricFamily("cron_oldest_overdue_seconds", "The older name of cron_oldest_late_seconds.",
                                 value=snap.oldest_overdue_seconds)
         yield GaugeMetricFamily("cron_dlq_jobs", "Failed jobs (the dead-letter queue).", value=snap.dlq)
         yield GaugeMetricFamily("cron_attempts_in_progress", "Attempts dispatched or running.", value=snap.in_progress)

@@ -82,6 +82,9 @@ class StatusReport:
     # beat_schedule entries the beat drop-in cannot map (they do not run under it): name, reason
     beat_unmapped: list[dict[str, str]] = field(default_factory=list)
     capped: list[str] = field(default_factory=list)  # figures that hit their count cap (true value >= shown)
+    # With SHARD_DATABASES: each database's own figures (database, shards, pending, late,
+    # oldest_late_seconds, in_progress, dlq, dispatchers_alive); the fields above add them up
+    databases: list[dict[str, Any]] = field(default_factory=list)
     estimated: list[str] = field(default_factory=list)  # figures from the planner's statistics
 
     def behind(self, after_seconds: float) -> bool:
@@ -89,7 +92,13 @@ class StatusReport:
         return self.oldest_overdue_seconds > after_seconds
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The report as plain data. ``pending.late`` and ``oldest_late_seconds`` say "late" as the
+        admin and ``cron_status`` do (due, not yet claimed); ``pending.overdue`` and
+        ``oldest_overdue_seconds`` hold the same figures for scripts written before."""
+        out = asdict(self)
+        out["pending"] = {**out["pending"], "late": out["pending"].get("overdue", 0)}
+        out["oldest_late_seconds"] = out["oldest_overdue_seconds"]
+        return out
 
     def to_json(self, **extra: Any) -> str:
         return json.dumps({**self.as_dict(), **extra}, sort_keys=True)
@@ -142,10 +151,9 @@ def _lag(cur, window: float) -> tuple[dict[str, float | None], int]:
 
 
 def recent_lags(window: float = DEFAULT_WINDOW) -> list[float]:
-    """Firing lags (seconds) of the latest attempts started within ``window`` seconds (bounded sample)."""
-    with db.get_connection().cursor() as cur:
-        cur.execute("SELECT lag " + _RECENT_LAGS, [LAG_SAMPLE, window])
-        return [r[0] for r in cur.fetchall()]
+    """Firing lags (seconds) of the latest attempts started within ``window`` seconds (bounded sample;
+    of every database of ``SHARD_DATABASES``, each bounded)."""
+    return [lag for alias in conf.shard_aliases() for lag in _lags_on(alias, window)]
 
 
 def _dispatchers(cur) -> tuple[int, list[str]]:
@@ -212,16 +220,8 @@ def _heartbeats(cur) -> list[tuple[str, list[int]]] | None:
 
 
 def _ranges(shards: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
-    out: list[str] = []
-    for s in sorted(shards):
-        if out and "-" not in out[-1] and int(out[-1]) == s - 1:
-            out[-1] = f"{out[-1]}-{s}"
-        elif out and "-" in out[-1] and int(out[-1].split("-")[1]) == s - 1:
-            out[-1] = f"{out[-1].split('-')[0]}-{s}"
-        else:
-            out.append(str(s))
-    return ", ".join(out) or "none"
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"`` (in any order; ``"none"`` for no shard)."""
+    return conf.shard_ranges(sorted(set(shards))) or "none"
 
 
 def workers(cur) -> list[dict[str, Any]]:
@@ -282,7 +282,47 @@ def beat_unmapped() -> list[dict[str, str]]:
 
 
 def snapshot(window: float = DEFAULT_WINDOW) -> StatusReport:
-    """Collect every figure (a dozen bounded statements, a few ms on an idle database)."""
+    """Collect every figure (a dozen bounded statements, a few ms on an idle database). With
+    ``SHARD_DATABASES``, the job figures of every database added up (``databases``: each one's);
+    the workers' health rows and the broker's queues are read once, from ``DATABASE``."""
+    homes = conf.shard_aliases()
+    parts = []
+    for alias in homes:
+        with conf.using(alias):
+            parts.append(_figures(window))
+    with conf.using(conf.get("DATABASE")), db.get_connection().cursor() as cur:
+        worker_rows = workers(cur)
+    from cron_at_scale.dispatcher.backpressure import survey
+
+    queue_rows = [q.as_dict() for q in survey()]
+    first = parts[0]
+    pending = {name: sum(p["pending"][name] for p in parts) for name in first["pending"]}
+    lag, sample = first["lag"], first["sample"]
+    if len(parts) > 1:
+        lag, sample = _merged_lag([lag for alias in homes for lag in _lags_on(alias, window)])
+    late = sorted((o for p in parts for o in p["late"]), key=lambda o: o.late_seconds, reverse=True)
+    return StatusReport(
+        beat_unmapped=beat_unmapped(),
+        db_now=first["db_now"].isoformat(), pending=pending,
+        oldest_overdue_seconds=max(p["overdue"] for p in parts),
+        lag_seconds=lag, lag_window_seconds=window, lag_sample=sample,
+        in_progress=sum(p["in_progress"] for p in parts), expired_leases=sum(p["expired"] for p in parts),
+        dlq=sum(p["dlq"] for p in parts), paused=sum(p["paused"] for p in parts),
+        missed_occurrences=sum(p["missed"] for p in parts),
+        dispatchers_alive=sum(p["alive"] for p in parts), dispatchers=[n for p in parts for n in p["names"]],
+        workers=worker_rows, queues=queue_rows,
+        capped=list(dict.fromkeys(c for p in parts for c in p["capped"])),
+        estimated=list(dict.fromkeys(e for p in parts for e in p["estimated"])),
+        overdue_jobs_count=sum(p["late_count"] for p in parts), overdue_jobs=[o.as_dict() for o in late[:100]],
+        databases=[{"database": alias, "shards": _ranges(conf.shards_of(alias)), "pending": sum(p["pending"].values()),
+                    "late": p["pending"].get("overdue", 0), "oldest_late_seconds": p["overdue"],
+                    "in_progress": p["in_progress"], "dlq": p["dlq"], "dispatchers_alive": p["alive"]}
+                   for alias, p in zip(homes, parts)] if len(parts) > 1 else [],
+    )
+
+
+def _figures(window: float) -> dict[str, Any]:
+    """The job figures of the database the package's statements run on now (``conf.db_alias()``)."""
     capped: list[str] = []
     with db.get_connection().cursor() as cur:
         db_now = db.db_now()
@@ -328,17 +368,82 @@ def snapshot(window: float = DEFAULT_WINDOW) -> StatusReport:
         (missed,) = _one(cur, "SELECT coalesce(sum(missed_occurrences), 0) FROM cron_at_scale_job "
                               "WHERE NOT schedule_type = 'once'")
         alive, names = _dispatchers(cur)
-        worker_rows = workers(cur)
-    from cron_at_scale.dispatcher.backpressure import survey
     from cron_at_scale.maintenance.overdue import overdue_jobs
 
-    queue_rows = [q.as_dict() for q in survey()]
     late, late_count = overdue_jobs()
-    return StatusReport(
-        beat_unmapped=beat_unmapped(),
-        db_now=db_now.isoformat(), pending=pending, oldest_overdue_seconds=round(overdue, 3),
-        lag_seconds=lag, lag_window_seconds=window, lag_sample=sample, in_progress=in_progress,
-        expired_leases=expired, dlq=dlq, paused=paused, missed_occurrences=int(missed),
-        dispatchers_alive=alive, dispatchers=names, workers=worker_rows, queues=queue_rows, capped=capped, estimated=estimated,
-        overdue_jobs_count=late_count, overdue_jobs=[o.as_dict() for o in late],
-    )
+    return {"db_now": db_now, "pending": pending, "capped": capped, "estimated": estimated,
+            "overdue": round(overdue, 3), "lag": lag, "sample": sample, "in_progress": in_progress,
+            "expired": expired, "dlq": dlq, "paused": paused, "missed": int(missed), "alive": alive,
+            "names": names, "late": late, "late_count": late_count}
+
+
+def _lags_on(alias: str, window: float) -> list[float]:
+    with conf.using(alias), db.get_connection().cursor() as cur:
+        cur.execute("SELECT lag " + _RECENT_LAGS, [LAG_SAMPLE, window])
+        return [r[0] for r in cur.fetchall()]
+
+
+def _merged_lag(lags: list[float]) -> tuple[dict[str, float | None], int]:
+    """p50, p99 and max of ``lags`` as PostgreSQL's ``percentile_cont`` computes them (linear)."""
+    if not lags:
+        return {"p50": None, "p99": None, "max": None}, 0
+    ordered = sorted(lags)
+
+    def cont(q: float) -> float:
+        pos = q * (len(ordered) - 1)
+        low = int(pos)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
+
+    return {"p50": cont(0.5), "p99": cont(0.99), "max": ordered[-1]}, len(ordered)
+
+
+OLDEST_DUE_SCAN = 100_000  # due jobs walked (oldest first) to find each queue's oldest waiting one
+
+
+def oldest_due_per_queue(scan: int = OLDEST_DUE_SCAN) -> list[dict[str, Any]]:
+    """Each job queue's oldest due, unclaimed job: ``[{"queue", "task", "id", "fire_at", "late_seconds"}]``
+    by queue (``""``: the default, routed by task). Bounded: found among the ``scan`` oldest due jobs."""
+    return [r._asdict() for r in db.run("oldest_due_per_queue", {"scan": scan}, retries=0)]
+
+
+def why_late(task: str, queue: str, queues: dict[str, tuple[str, bool]], dispatchers_alive: int, app=None) -> str:
+    """Why a due, unclaimed job has not fired, as ``cron_status`` would explain it: its broker queue
+    held (``"queue emails HELD: no consumer"``), no dispatcher alive, else the dispatchers' backlog
+    (with its queue's state when not ``ok``). ``queues`` maps a broker queue to ``(state, held)``
+    (:func:`cron_at_scale.dispatcher.backpressure.survey`). The queue is where the job's run is
+    published: its ``queue``, or where its task routes (``backpressure.destination``)."""
+    from cron_at_scale.dispatcher.backpressure import destination
+
+    name: str | None = queue or None
+    try:
+        from cron_at_scale.celery_app import get_app
+
+        name = destination(app or get_app(), task, queue)
+    except Exception:  # noqa: BLE001 (a task the router cannot place: say what we know)
+        pass
+    state, held = queues.get(name or "", ("unknown", False))
+    if held:
+        return f"queue {name} HELD: {state}"
+    if not dispatchers_alive:
+        return "no dispatcher alive"
+    why = "waiting for a dispatcher (a backlog, or about to be claimed)"
+    return why + (f"; queue {name}: {state}" if state not in ("ok", "unknown") else "")
+
+
+def dispatchers_alive() -> int:
+    """How many dispatchers are alive now (as the dashboard counts them)."""
+    with db.get_connection().cursor() as cur:
+        return _dispatchers(cur)[0]
+
+
+def duration_text(seconds: float) -> str:
+    """``42 s``, ``5 min 3 s``, ``2 h 10 min``, ``3 d 4 h``."""
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.1f} s" if seconds < 10 else f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s"
+    if s < 86400:
+        return f"{s // 3600} h {s % 3600 // 60} min"
+    return f"{s // 86400} d {s % 86400 // 3600} h"

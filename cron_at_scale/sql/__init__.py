@@ -58,6 +58,7 @@ from django.db import (
     close_old_connections,
     connections,
 )
+from psycopg2 import sql as pgsql
 
 from cron_at_scale import conf
 
@@ -208,9 +209,13 @@ def array(values: Iterable[Any]) -> str:
     return "{" + ",".join(parts) + "}"
 
 
-def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: int = 1, copy_from: Any = None):
+def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: int = 1, copy_from: Any = None,
+        identifiers: dict[str, str] | None = None):
     """Execute query ``name`` in autocommit; return its rows (``fetch='all'``), one row or None
     (``'one'``), each a named tuple of its columns, or the row count (``'count'``).
+
+    ``identifiers``: for a statement with ``{name}`` placeholders (the history partitions' DDL),
+    the table and constraint names they stand for, quoted as identifiers (psycopg2.sql).
 
     On a broken connection (PostgreSQL restarted) the connection is dropped
     and the statement tried again ``retries`` times. Only for statements that
@@ -231,7 +236,12 @@ def run(name: str, params: dict | None = None, *, fetch: str = "all", retries: i
                 elif name in PREPARED and conf.get("PREPARED_STATEMENTS"):
                     _execute_prepared(cur, conn, name, params or {}, bare)
                 else:
-                    cur.execute(QUERIES[name] if bare else _SETTINGS[name] + QUERIES[name], params or {})
+                    text = QUERIES[name] if bare else _SETTINGS[name] + QUERIES[name]
+                    if identifiers:
+                        conn.ensure_connection()
+                        text = pgsql.SQL(text).format(**{k: pgsql.Identifier(v) for k, v in identifiers.items()}) \
+                            .as_string(conn.connection)
+                    cur.execute(text, params or {})
                 return cur.rowcount if copy_from is not None else _fetch(cur, fetch, name)
         except (OperationalError, InterfaceError):
             if attempt == retries:

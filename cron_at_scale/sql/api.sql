@@ -71,5 +71,5 @@ RETURNING attempt;
 -- this column order; the other columns take their database defaults.
 COPY cron_at_scale_job (id, fire_at, payload, task, queue, options, timezone, max_retries,
                         schedule_type, cron_expr, interval, occurrence_at, catchup, catchup_window, overlap, jitter,
-                        status)
+                        status, trace_context)
 FROM STDIN;

@@ -252,12 +252,12 @@ WHERE owner = %(name)s
 RETURNING shard;
 
 -- name: acquire_shards  -- run by: cron_at_scale.dispatcher.shards
--- Free or expired shards (a dispatcher stopped or died), up to %(n)s of them.
+-- Free or expired shards (a dispatcher stopped or died) of this database's %(shards)s, up to %(n)s of them.
 UPDATE cron_at_scale_shardlease
 SET owner = %(name)s, expires_at = statement_timestamp() + make_interval(secs => %(ttl)s)
 WHERE shard IN (
     SELECT shard FROM cron_at_scale_shardlease
-    WHERE owner = '' OR expires_at < statement_timestamp()
+    WHERE (owner = '' OR expires_at < statement_timestamp()) AND shard = ANY(%(shards)s::int[])
     ORDER BY shard
     LIMIT %(n)s
     FOR UPDATE SKIP LOCKED
@@ -273,9 +273,10 @@ WHERE owner = %(name)s AND shard = ANY(%(shards)s::smallint[]);
 DELETE FROM cron_at_scale_dispatcherheartbeat WHERE name = %(name)s;
 
 -- name: ensure_shards  -- run by: cron_at_scale.dispatcher.shards
--- The 64 lease rows (created by migration 0004; again here if a table flush removed them).
+-- The lease rows of this database's shards (all 64 unless SHARD_DATABASES; created by
+-- migration 0004; again here if a table flush removed them).
 INSERT INTO cron_at_scale_shardlease (shard, owner, expires_at)
-SELECT s, '', statement_timestamp() FROM generate_series(0, %(n)s - 1) AS s
+SELECT s, '', statement_timestamp() FROM unnest(%(shards)s::int[]) AS s
 ON CONFLICT (shard) DO NOTHING;
 
 -- name: live_worker_queues  -- run by: cron_at_scale.dispatcher.backpressure

@@ -262,3 +262,91 @@ DELETE FROM cron_at_scale_job WHERE id IN (
       AND NOT EXISTS (SELECT 1 FROM cron_at_scale_jobattempt AS a WHERE a.job_id = j.id)
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: archive_move  -- run by: cron_at_scale.maintenance.archive
+-- History (cron_at_scale/maintenance/archive.py): up to %(n)s finished jobs, oldest first, leave the
+-- live tables with their attempts, into the history tables, in one statement: completed or cancelled
+-- more than %(after)s seconds ago, every attempt finished (a cancelled job's last run may still be
+-- going; it stays). Rows another session holds are skipped, never waited for. The job row is
+-- locked first: the statements that add an attempt lock their job, so no attempt of a moving job
+-- appears meanwhile. The bodies are copied once, here; the history rows are never updated.
+-- The finished-jobs walk is retention's index, cron_job_finished_updated, from %(floor)s (the
+-- mover's floor: its entries below are those of rows already moved, dead but kept in the index while
+-- the vacuum horizon is pinned; '-infinity' walks it all). Returns the jobs moved and the newest
+-- updated_at among them.
+WITH moving AS (
+    SELECT j.id FROM cron_at_scale_job AS j
+    WHERE j.status IN ('completed', 'cancelled')
+      AND j.updated_at >= %(floor)s::timestamptz
+      AND j.updated_at < statement_timestamp() - make_interval(secs => %(after)s)
+      AND NOT EXISTS (SELECT 1 FROM cron_at_scale_jobattempt AS a WHERE a.job_id = j.id AND a.finished_at IS NULL)
+    ORDER BY j.updated_at, j.id
+    LIMIT %(n)s
+    FOR UPDATE SKIP LOCKED
+), attempts AS (
+    DELETE FROM cron_at_scale_jobattempt AS a USING moving AS m WHERE a.job_id = m.id RETURNING a.*
+), jobs AS (
+    DELETE FROM cron_at_scale_job AS j USING moving AS m WHERE j.id = m.id RETURNING j.*
+), kept_attempts AS (
+    INSERT INTO cron_at_scale_attempthistory SELECT statement_timestamp(), attempts.* FROM attempts
+), kept_jobs AS (
+    INSERT INTO cron_at_scale_jobhistory SELECT statement_timestamp(), jobs.* FROM jobs RETURNING updated_at
+)
+SELECT count(*) AS moved, max(updated_at) AS newest FROM kept_jobs;
+
+-- name: history_lock  -- run by: cron_at_scale.maintenance.archive
+-- One dispatcher at a time attaches and drops history partitions: a session lock (released with
+-- the session if its dispatcher dies), tried, never waited for. No lease row: a row updated per
+-- pass would pile up dead versions under a pinned vacuum horizon.
+SELECT pg_try_advisory_lock(hashtext('cron_at_scale:history partitions')) AS locked;
+
+-- name: history_unlock  -- run by: cron_at_scale.maintenance.archive
+SELECT pg_advisory_unlock(hashtext('cron_at_scale:history partitions')) AS unlocked;
+
+-- name: history_partitions  -- run by: cron_at_scale.maintenance.archive
+-- The partitions of both history tables, with their bounds (read back from the catalog), and whether
+-- a DETACH ... CONCURRENTLY was cut short (PostgreSQL 14+; to_jsonb reads the column where it exists).
+SELECT p.relname AS parent, c.relname AS name,
+       (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'FROM \(''([^'']+)''\)'))[1]::timestamptz AS lower,
+       (regexp_match(pg_get_expr(c.relpartbound, c.oid), 'TO \(''([^'']+)''\)'))[1]::timestamptz AS upper,
+       coalesce((to_jsonb(i) ->> 'inhdetachpending')::boolean, false) AS detaching
+FROM pg_inherits AS i
+JOIN pg_class AS p ON p.oid = i.inhparent
+JOIN pg_class AS c ON c.oid = i.inhrelid
+WHERE p.oid IN ('cron_at_scale_jobhistory'::regclass, 'cron_at_scale_attempthistory'::regclass)
+ORDER BY p.relname, 3;
+
+-- name: history_create_partition  -- run by: cron_at_scale.maintenance.archive
+-- A partition is made as a table of its own, then attached: ATTACH PARTITION takes SHARE UPDATE
+-- EXCLUSIVE on the parent, which the moves' inserts do not wait for (CREATE TABLE ... PARTITION OF
+-- would take ACCESS EXCLUSIVE). Its CHECK makes the attach skip its validation scan.
+CREATE TABLE IF NOT EXISTS {partition} (LIKE {parent} INCLUDING DEFAULTS,
+    CONSTRAINT {check} CHECK (archived_at >= %(lower)s AND archived_at < %(upper)s));
+
+-- name: history_attach_partition  -- run by: cron_at_scale.maintenance.archive
+ALTER TABLE {parent} ATTACH PARTITION {partition} FOR VALUES FROM (%(lower)s) TO (%(upper)s);
+
+-- name: history_drop_check  -- run by: cron_at_scale.maintenance.archive
+-- Once attached, the partition's bound says what the CHECK said.
+ALTER TABLE {partition} DROP CONSTRAINT IF EXISTS {check};
+
+-- name: history_detach_partition  -- run by: cron_at_scale.maintenance.archive
+-- Outside any transaction block (so on a direct connection, never through a transaction pooler):
+-- it waits for the transactions that use the parent, without blocking them or the moves.
+ALTER TABLE {parent} DETACH PARTITION {partition} CONCURRENTLY;
+
+-- name: history_detach_partition_locking  -- run by: cron_at_scale.maintenance.archive
+-- PostgreSQL 13, which has no DETACH ... CONCURRENTLY: ACCESS EXCLUSIVE on the parent, briefly.
+ALTER TABLE {parent} DETACH PARTITION {partition};
+
+-- name: history_finalize_detach  -- run by: cron_at_scale.maintenance.archive
+-- A DETACH ... CONCURRENTLY cut short (a timeout, a crash) is finished this way.
+ALTER TABLE {parent} DETACH PARTITION {partition} FINALIZE;
+
+-- name: history_drop_partition  -- run by: cron_at_scale.maintenance.archive
+DROP TABLE IF EXISTS {partition};
+
+-- name: history_statement_timeout  -- run by: cron_at_scale.maintenance.archive
+-- The partition statements' own limit, set for the session around them and reset after: a detach
+-- waiting for a long transaction (an analytics query on the history) is let go, and finished later.
+SELECT set_config('statement_timeout', %(timeout)s, false) AS statement_timeout;

@@ -24,3 +24,18 @@ SELECT value FROM v WHERE value IS NOT NULL LIMIT %(limit)s;
 -- The server's fsync and synchronous_commit, for the system check that warns when a start of an
 -- attempt could be lost in a crash (cron_at_scale.W004).
 SELECT current_setting('fsync') AS fsync, current_setting('synchronous_commit') AS synchronous_commit;
+
+-- name: oldest_due_per_queue  -- run by: cron_at_scale.ops.status
+-- The oldest due, unclaimed job of each job queue ('' is the default: routed by task), for the
+-- dashboard's queues section: one walk of the oldest %(scan)s due pending jobs in fire_at order
+-- (cron_job_status_fire_at), so a backlog of millions costs a bounded read; a queue whose due jobs
+-- all lie beyond that walk is not listed.
+SELECT DISTINCT ON (queue) queue, task, id, fire_at,
+       extract(epoch FROM statement_timestamp() - fire_at)::float8 AS late_seconds
+FROM (
+    SELECT queue, task, id, fire_at FROM cron_at_scale_job
+    WHERE status = 'pending' AND fire_at <= statement_timestamp()
+    ORDER BY fire_at LIMIT %(scan)s
+) AS due
+ORDER BY queue, fire_at
+LIMIT 200;

@@ -134,7 +134,7 @@ WITH done AS (
       AND (a.outcome = 'dispatched' OR (a.outcome = 'running' AND a.run_token = %(token)s)) AND j.id = a.job_id
       AND a.scheduled_at <= statement_timestamp()
     RETURNING a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retries, j.max_retries, j.options,
-              a.started_at, j.created_at, a.attempt, a.job_id, a.error,
+              a.started_at, j.created_at, a.attempt, a.job_id, a.error, j.queue, j.trace_context,
               a.outcome = 'skipped' AND a.error LIKE 'expired:%%' AS expired,
               -- a one-off job still on this attempt ends with it
               j.schedule_type = 'once' AND j.status = 'in_progress' AND j.attempts = a.attempt AS ends
@@ -148,12 +148,12 @@ WITH done AS (
     WHERE j.id = ANY(ARRAY(SELECT job_id FROM started WHERE expired))
 )
 SELECT outcome, scheduled_at, schedule_type, cancel_requested, retries, max_retries, options, started_at,
-       created_at, error, 0.0::float8 AS early_by, attempt
+       created_at, error, queue, trace_context, 0.0::float8 AS early_by, attempt
 FROM started
 UNION ALL
 -- Not due yet on the database clock (a message published ETA_LEAD ahead, run by a worker whose
 -- clock is ahead): nothing changes, and the worker learns how many seconds early it is.
-SELECT 'early', a.scheduled_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT 'early', a.scheduled_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
        extract(epoch FROM a.scheduled_at - statement_timestamp())::float8, a.attempt
 FROM cron_at_scale_jobattempt AS a
 WHERE a.id = (SELECT id FROM target) AND a.outcome = 'dispatched' AND a.scheduled_at > statement_timestamp();

@@ -88,7 +88,7 @@ class BatchCompleter:
     """Queues completions for the process's next start, or its thread after ``COMPLETION_DELAY``."""
 
     def __init__(self) -> None:
-        self.done: list[tuple[str, int]] = []
+        self.done: list[tuple[str, int, str]] = []  # (job_id, attempt, its database's alias)
         self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
         self.pid: int | None = None
@@ -125,13 +125,17 @@ class BatchCompleter:
         """Hand over a succeeded attempt: the next start (or the thread) writes it."""
         self.ensure_thread()
         with self.cond:
-            self.done.append((job_id, attempt))
+            self.done.append((job_id, attempt, conf.db_alias()))
             self.cond.notify()
+
+    def write_later(self, job_id: str, attempt: int) -> None:
+        """Queue a succeeded attempt for the next start or :meth:`flush`, without the thread."""
+        with self.cond:
+            self.done.append((job_id, attempt, conf.db_alias()))
 
     def write_now(self, job_id: str, attempt: int) -> None:
         """Write a succeeded attempt now, on this thread, with any handed over before it."""
-        with self.cond:
-            self.done.append((job_id, attempt))
+        self.write_later(job_id, attempt)
         self.flush()
 
     def start(self, job_id: str, attempt: int, worker: str):
@@ -164,15 +168,19 @@ class BatchCompleter:
         On a database error they stay queued and the error is raised."""
         with self.cond:
             n = len(self.done)
-        if n:
-            self._write(None, 0, "", None)
+            aliases = list(dict.fromkeys(d[2] for d in self.done))
+        for alias in aliases:  # one statement per database (SHARD_DATABASES), else one
+            with conf.using(alias):
+                self._write(None, 0, "", None)
         return n
 
     def _write(self, job_id: str | None, attempt: int, worker: str, token: str | None):
+        alias = conf.db_alias()
         with self.cond:
-            batch, self.done = self.done, []
+            batch = [d for d in self.done if d[2] == alias]
+            self.done = [d for d in self.done if d[2] != alias] if len(batch) < len(self.done) else []
         try:
-            return write(job_id, attempt, worker, token, batch)
+            return write(job_id, attempt, worker, token, [(d[0], d[1]) for d in batch])
         except BaseException:
             with self.cond:
                 self.done[:0] = batch

@@ -26,10 +26,9 @@ import logging
 import time
 from datetime import datetime, timedelta
 
-from celery.worker.request import Request
-
 from cron_at_scale import sql as db
 from cron_at_scale.broker.message import HEADER
+from cron_at_scale.worker.events import AnnouncingRequest
 
 log = logging.getLogger(__name__)
 
@@ -68,10 +67,11 @@ def measure() -> float:
     return new
 
 
-class JobRequest(Request):
+class JobRequest(AnnouncingRequest):
     """Celery's request, with the eta of a message the dispatcher published ahead of its fire_at
     moved onto this worker's clock (by :data:`offset`): the worker's timer then fires at the
-    ``fire_at`` of the database clock. Other messages are Celery's own."""
+    ``fire_at`` of the database clock. Other messages are Celery's own. Its base sends the task
+    event of an attempt Celery sees as ignored (:mod:`cron_at_scale.worker.events`)."""
 
     @property
     def eta(self) -> datetime | None:

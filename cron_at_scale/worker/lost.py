@@ -48,6 +48,7 @@ import socket
 import weakref
 
 from billiard.exceptions import TimeLimitExceeded, WorkerLostError
+from celery.utils.saferepr import saferepr
 
 from cron_at_scale import conf
 from cron_at_scale import sql as db
@@ -56,6 +57,7 @@ from cron_at_scale.exceptions import RetryableError
 from cron_at_scale.ops import metrics
 from cron_at_scale.policy import retry
 from cron_at_scale.worker import attempts as worker_attempts
+from cron_at_scale.worker.events import AnnouncingRequest
 from cron_at_scale.worker.middleware.base import Middleware
 
 log = logging.getLogger(__name__)
@@ -112,7 +114,9 @@ def _on_task_failure(sender, task_id, exception) -> None:
         return  # a (cold) shutdown killed it: the lease brings the run back
     meta = request.request_dict[HEADER]
     try:
-        record(sender, meta, request.worker_pid, exception, task_id)
+        if record(sender, meta, request.worker_pid, exception, task_id) == "retried" and \
+                isinstance(request, AnnouncingRequest):  # a monitor must see it retried, not failed
+            request.retried_in_parent = (saferepr(exception), cause_of(exception)[0])
     except Exception:  # noqa: BLE001 (the attempt's lease still expires and the run comes back)
         log.exception("could not record the death of job %s's pool process", meta.get("job_id"))
     finally:
@@ -129,6 +133,11 @@ def record(task, meta: dict, pid: int, exc: BaseException, task_id: str = "") ->
     process was running no attempt of the job (never started it, or it finished meanwhile).
     Raises the database's errors.
     """
+    with conf.using(conf.alias_of_job(meta["job_id"])):  # the job's own database (SHARD_DATABASES)
+        return _record(task, meta, pid, exc, task_id)
+
+
+def _record(task, meta: dict, pid: int, exc: BaseException, task_id: str) -> str | None:
     worker = f"{socket.gethostname()}:{pid}"  # what worker.worker_name() wrote in that process
     row = db.run("running_attempt_of_worker", {
         "job_id": str(meta["job_id"]), "attempt": int(meta["attempt"]), "worker": worker}, fetch="one")

@@ -14,11 +14,14 @@ order and what each does are stated there only). Messages without the header
 from __future__ import annotations
 
 import logging
+import traceback
 from typing import Any
 
 from celery import Task
+from celery.utils.saferepr import saferepr
 from django.db import connections
 
+from cron_at_scale import conf
 from cron_at_scale.broker.message import HEADER
 from cron_at_scale.ops.identity import process_name
 from cron_at_scale.policy import retry
@@ -36,6 +39,7 @@ from cron_at_scale.worker.middleware.metrics import Metrics
 from cron_at_scale.worker.middleware.refuse_pickle import RefusePickle
 from cron_at_scale.worker.middleware.retry_policy import RetryPolicy, ScheduledRetry
 from cron_at_scale.worker.middleware.start import IdempotentStart
+from cron_at_scale.worker.middleware.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +99,7 @@ MIDDLEWARE: list[Middleware] = [
     WorkerHealth(),                     # the main process's watchdog of its own consumption
     LostProcess(),                      # the parent records a pool process that died in a run
     IdempotentStart(writer),            # per message: start the attempt; a duplicate is skipped
+    Tracing(),                          # the run's span (OpenTelemetry, if installed): child of or link to schedule()'s
     Cancellation(),                     # a job cancelled (or completed) since its claim is skipped
     CurrentJob(),                       # current_job() for the task
     Lease(writer.heartbeat, writer.ensure_thread),  # the heartbeat renews the lease while the task runs
@@ -143,6 +148,11 @@ class JobTask(Task):
 
 
 def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
+    with conf.using(conf.alias_of_job(meta["job_id"])):  # the job's own database (SHARD_DATABASES)
+        return _run_hooks(task, meta, args, kwargs)
+
+
+def _run_hooks(task: JobTask, meta: dict, args, kwargs):
     lists = hooks.current()  # once per message: a change of MIDDLEWARE applies from the next one
     run = Run(task, meta, worker_name())
     entered: list[Middleware] = []
@@ -158,16 +168,34 @@ def _run_scheduled(task: JobTask, meta: dict, args, kwargs):
         except Exception as exc:  # noqa: BLE001 (every task error is recorded; BaseException is a dying worker)
             for m in lists["after_failure"]:
                 m.after_failure(run, exc)
-            if run.outcome == "retried":
-                raise SkipJob() from exc  # retried: a database state, not a Celery failure
+            if run.outcome == "retried":  # a database state, not a Celery failure: Celery ignores it,
+                raise _retried(run, exc) from exc  # and the worker announces it (worker.events)
             raise
         for m in lists["after_success"]:
             m.after_success(run, result)
+        if _cancelled_while_running(run):
+            raise SkipJob("cancelled")  # recorded cancelled, whatever it returned: announced revoked
         return result
     finally:
         for m in reversed(entered):
             m.after_run(run)
         _drop_broken_connections()
+
+
+def _cancelled_while_running(run: Run) -> bool:
+    """The task returned after its job was cancelled (it saw ``cancel_requested``): the attempt is
+    recorded ``cancelled`` (``sql/worker.sql``), so a worker's monitor must see it revoked, not
+    succeeded. An eager run (``task.apply()``) sends no events and keeps its return value."""
+    return run.ctx is not None and run.ctx.cancel_requested and not run.task.request.is_eager
+
+
+def _retried(run: Run, exc: Exception) -> SkipJob:
+    """The :class:`SkipJob` that ends a retried run: its error for the ``task-retried`` event (a
+    retry whose job was cancelled meanwhile is recorded ``cancelled``: announced revoked)."""
+    if run.ctx is not None and run.ctx.cancel_requested:
+        return SkipJob("cancelled")
+    cause = exc.exc if isinstance(exc, ScheduledRetry) and exc.exc is not None else exc
+    return SkipJob("retried", saferepr(cause), "".join(traceback.format_exception(cause))[-20000:])
 
 
 def _task_function(task: JobTask):

@@ -47,6 +47,9 @@ def drain(client, key):
     {"queue": "reports"},
     {"countdown": 5, "eta": True},  # published ETA_LEAD ahead: send_task(..., eta=fire_at)'s message
     {"countdown": 5, "eta": True, "priority": 3, "queue": "reports"},
+    # argsrepr/kwargsrepr as Celery's saferepr writes them: long, quoted, deeply nested
+    {"args": ["x" * 3000], "kwargs": {"note": "it's \\ \"quoted\""}},
+    {"args": [[[[[[[1]]]]]]], "kwargs": {"deep": {"a": {"b": {"c": {"d": [1, 2]}}}}}},
 ])
 def test_fast_path_messages_equal_send_task_messages(broker, transactional_db, spec):
     conn, client = redis_client(broker)

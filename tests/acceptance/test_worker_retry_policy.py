@@ -6,6 +6,7 @@ import json
 import uuid
 
 import pytest
+from celery.utils.time import get_exponential_backoff_interval
 from demo.models import Execution
 from demo.runner import wait_for_workers
 from helpers import drain_dlq, wait_until
@@ -35,7 +36,8 @@ def test_every_retry_path_is_a_database_state_then_the_dlq(system):
         return (Job.objects.filter(id__in=[autoretry.id, self_retry.id, per_job.id], status="completed").count() == 3
                 and Job.objects.filter(id__in=[doomed.id, plain_error.id], status="failed").count() == 2)
 
-    wait_until(settled, timeout=60, what="retried jobs to settle")
+    # retry_backoff=0 turns the task's backoff off: the default schedule's first delay, 15-30 s jittered
+    wait_until(settled, timeout=120, what="retried jobs to settle")
     assert outcomes(autoretry) == ["retried", "retried", "succeeded"]
     assert outcomes(self_retry) == ["retried", "succeeded"]
     assert outcomes(per_job) == ["retried", "succeeded"]
@@ -129,3 +131,54 @@ def test_celerys_retry_options_mean_what_they_mean_in_a_plain_celery_worker(syst
             continue
         assert [round(d) for d in ours] == delays, (name, ours)
         assert all(abs(o - c) <= 0.8 for o, c in zip(ours, celery_delays)), (name, ours, celery_delays)
+
+
+def test_a_jobs_retry_backoff_is_celerys_sequence_end_to_end(system):
+    """``schedule(retry_backoff=2)`` waits 2, 4, 8 s before its retries, as Celery's
+    ``get_exponential_backoff_interval`` gives (once 2, 8, 32: 4**n), over the task's own
+    ``retry_backoff=1``; with jitter each wait is a whole second within Celery's bound. Measured on the
+    database clock: each attempt's ``scheduled_at`` (the job's ``fire_at`` after the retry) minus the
+    end of the attempt before it."""
+    system.worker("w1", concurrency=2)
+    system.dispatcher("d1")
+    wait_for_workers(system.app, ["w1"])
+    exact = cron_at_scale.schedule("demo.tasks.fail", kwargs={"times": 3}, max_retries=3, retry_backoff=2,
+                                   retry_jitter=False)
+    drawn = cron_at_scale.schedule("demo.tasks.fail", kwargs={"times": 3}, max_retries=3, retry_backoff=True,
+                                   retry_jitter=True)
+    wait_until(lambda: Job.objects.filter(id__in=[exact.id, drawn.id], status="completed").count() == 2, timeout=60,
+               what="both jobs to succeed after three retries")
+    for job, jitter in ((exact, False), (drawn, True)):
+        rows = list(JobAttempt.objects.filter(job_id=job.id).order_by("attempt"))
+        assert [r.outcome for r in rows] == ["retried"] * 3 + ["succeeded"]
+        waits = [(b.scheduled_at - a.finished_at).total_seconds() for a, b in zip(rows, rows[1:])]
+        celerys = [get_exponential_backoff_interval(int(max(1.0, float(job.options["retry_backoff"]))), n, 600)
+                   for n in range(3)]
+        print(f"retry_backoff={job.options['retry_backoff']!r} jitter={jitter}: waits {[round(w, 3) for w in waits]}, "
+              f"Celery's {'bounds' if jitter else 'delays'} {celerys}")
+        for a, b in zip(rows, rows[1:]):  # no attempt started before its fire time
+            assert b.started_at >= b.scheduled_at >= a.finished_at
+        if jitter:
+            assert all(abs(w - round(w)) < 0.01 and 0 <= round(w) <= top for w, top in zip(waits, celerys)), waits
+        else:
+            assert celerys == [2, 4, 8]
+            assert all(abs(w - c) < 0.01 for w, c in zip(waits, celerys)), waits
+
+
+def test_a_jobs_own_autoretry_for_dont_autoretry_for_and_retry_kwargs_in_a_real_worker(system):
+    """Celery's autoretry options set on the job replace the task's (``demo.tasks.flaky``: autoretry_for
+    ValueError, retry_backoff=1): its exclusion stops the retry, its retry_kwargs' max_retries bounds it."""
+    system.worker("w1", concurrency=2)
+    system.dispatcher("d1")
+    wait_for_workers(system.app, ["w1"])
+    as_task = cron_at_scale.schedule("demo.tasks.flaky", kwargs={"times": 1})
+    excluded = cron_at_scale.schedule("demo.tasks.flaky", kwargs={"times": 1}, dont_autoretry_for=[ValueError])
+    other_list = cron_at_scale.schedule("demo.tasks.flaky", kwargs={"times": 1}, autoretry_for=["builtins.KeyError"])
+    bounded = cron_at_scale.schedule("demo.tasks.flaky", kwargs={"times": 5}, retry_kwargs={"max_retries": 1})
+    jobs = [as_task, excluded, other_list, bounded]
+    wait_until(lambda: Job.objects.filter(id__in=[j.id for j in jobs], status__in=["completed", "failed"]).count() == 4,
+               timeout=60, what="the four jobs to end")
+    assert outcomes(as_task) == ["retried", "succeeded"]
+    assert outcomes(excluded) == ["failed"]
+    assert outcomes(other_list) == ["failed"]
+    assert outcomes(bounded) == ["retried", "failed"]

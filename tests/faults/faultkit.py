@@ -117,6 +117,18 @@ class PrivatePostgres:
             os.chown(self.dir, self.user.pw_uid, self.user.pw_gid)
         os.chmod(self.dir, 0o755)
 
+    @classmethod
+    def attach(cls, directory: str, port: int) -> PrivatePostgres:
+        """The cluster another process made in ``directory`` (its ``dir``), listening on ``port``: to
+        stop and start it from here. Its ``stop()`` would remove the directory: leave that to its maker."""
+        pg = cls.__new__(cls)
+        pg.bin, pg.port, pg.dir = _pg_bin_dir(), port, Path(directory)
+        pg.data, pg.log = pg.dir / "data", pg.dir / "postgres.log"
+        pg.user = pwd.getpwnam("postgres") if os.geteuid() == 0 else None
+        pg.runas = ["runuser", "-u", "postgres", "--"] if pg.user is not None else []
+        pg.listen, pg.hba_extra, pg.extra_opts, pg.server_env = "127.0.0.1", [], "", {}
+        return pg
+
     def _run(self, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
         res = subprocess.run([*self.runas, *args], capture_output=True, text=True, timeout=timeout,
                              env={**os.environ, **self.server_env} if self.server_env else None)

@@ -350,6 +350,11 @@ print(job.id)
 """
 
 
+def executed_runs(env, job_id: str) -> int:
+    """How many runs of ``job_id`` the ledger (demo_execution) holds."""
+    return env.db.q("SELECT count(DISTINCT attempt) FROM demo_execution WHERE job_id = %s", (job_id,))[0][0]
+
+
 def test_clock_skew_of_one_hour(env):
     # The fake clock really is off in a child (the sitecustomize is in effect).
     s = env.system(BASE)
@@ -385,6 +390,10 @@ def test_clock_skew_of_one_hour(env):
                                            WHERE id = ANY(%s::uuid[])""", (produced,))]
     assert all(2.5 < g < 3.5 for g in gaps), f"countdown=3 from a skewed producer gave fire_at - created_at = {gaps}"
     sleep_until(t0, 10.0)
+    # A loaded box runs the cron jobs' runs behind the burst: cancel once each has run enough to judge (a run
+    # fired but not yet started when the job is cancelled never runs, which would read as too few).
+    while time.monotonic() < t0 + 90.0 and min(executed_runs(env, cid) for cid in cron_ids) < 6:
+        time.sleep(0.5)
     env.db.q("UPDATE cron_at_scale_job SET status = 'cancelled' WHERE id = ANY(%s::uuid[])", (cron_ids,))
     env.db.q("""INSERT INTO fault_expected (job_id, fire_at, expect, kind)
                 SELECT id, created_at, 'cancelled', 'cron' FROM cron_at_scale_job WHERE id = ANY(%s::uuid[])""",
@@ -634,7 +643,14 @@ def _long_tasks_phase1(env, settings, worker_settings: dict | None = None):
     first = schedule_once(env.db, [(0.5, "demo.tasks.sleep", {"seconds": 8})] * 4)
     wait_settled(env.db, 40)
     time.sleep(1.0)
-    rows = env.db.q("SELECT attempts, lost_attempts, status FROM cron_at_scale_job WHERE id = ANY(%s::uuid[])", (first,))
+    # Per job: (status, started attempts, lost after a start). A run whose message waited past the
+    # dispatch lease on a loaded box is fired again before any start; that is the lease doing its job,
+    # not the heartbeat failing, so only started attempts count here.
+    rows = env.db.q("""SELECT j.status,
+                              count(a.*) FILTER (WHERE a.started_at IS NOT NULL),
+                              count(a.*) FILTER (WHERE a.started_at IS NOT NULL AND a.outcome = 'lost')
+                         FROM cron_at_scale_job j LEFT JOIN cron_at_scale_jobattempt a ON a.job_id = j.id
+                        WHERE j.id = ANY(%s::uuid[]) GROUP BY j.id, j.status""", (first,))
     execs = env.db.one("SELECT count(*) FROM demo_execution WHERE job_id = ANY(%s::uuid[])", (first,))
     return s, t0, one_each, rows, execs
 
@@ -644,15 +660,15 @@ def test_selftest_without_heartbeat_long_tasks_are_refired(env):
     """Scenario 7's first phase with the heartbeat (practically) off must see the long tasks re-fired."""
     # The workers alone beat once in 1000 s (settings the checks refuse, so the dispatcher keeps LONG's).
     s, t0, _, rows, execs = _long_tasks_phase1(env, LONG, worker_settings={**LONG, "HEARTBEAT_INTERVAL": 1000.0})
-    print(f"[faults] selftest no heartbeat: jobs (attempts, lost, status) {rows}, executions {execs}")
+    print(f"[faults] selftest no heartbeat: jobs (status, started attempts, lost after a start) {rows}, executions {execs}")
     # Reaped while they ran and fired again; their first runs' successes still complete them, so the runs
     # fired again find their jobs completed and are skipped (a success is never discarded).
-    assert rows != [(1, 0, "completed")] * 4 and all(lost >= 1 for _, lost, _ in rows), rows
+    assert all(started >= 2 for _, started, _ in rows), rows
 
 
 def test_long_task_kept_by_heartbeat_and_rerun_after_worker_death(env):
     s, t0, one_each, rows, execs = _long_tasks_phase1(env, LONG)
-    assert rows == [(1, 0, "completed")] * 4 and execs == 4, (
+    assert rows == [("completed", 1, 0)] * 4 and execs == 4, (
         f"a long task was re-fired while its heartbeat lived: {rows}, {execs} executions\n{s.logs()}")
     # Phase 2: a 6 s task; kill -9 its worker while it runs; another worker re-runs it after the run lease.
     (job,) = schedule_once(env.db, [(0.2, "demo.tasks.sleep", {"seconds": 6})])

@@ -172,3 +172,18 @@ def test_mappings_that_are_not_dicts_iterables_and_empty_lists():
                                         {"task": T, "args": (i for i in range(3))}])
     assert [j.payload["args"] for j in jobs] == [[1], [], [0, 1, 2]] and Job.objects.count() == 3
     assert cron_at_scale.schedule_many([]) == []
+
+
+def test_every_job_of_a_call_keeps_the_callers_trace_context():
+    from opentelemetry.sdk.trace import TracerProvider
+
+    specs = [{"task": T}, {"task": T, "countdown": 5}, {"task": T, "cron": "0 9 * * *"},  # COPY: fast and build_job
+             {"task": T, "key": "traced-bulk"}]  # INSERT: a keyed one
+    with TracerProvider().get_tracer("t").start_as_current_span("request") as span, transaction.atomic():
+        jobs = cron_at_scale.schedule_many(specs)
+    ctx = span.get_span_context()
+    want = {"traceparent": f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"}
+    assert [j.trace_context for j in jobs] == [want] * 4  # the returned jobs
+    assert [Job.objects.get(id=j.id).trace_context for j in jobs] == [want] * 4  # the stored ones
+    untraced = cron_at_scale.schedule_many([{"task": T}, {"task": T, "key": "untraced-bulk"}])
+    assert [Job.objects.get(id=j.id).trace_context for j in untraced] == [None, None]

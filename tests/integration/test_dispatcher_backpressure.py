@@ -10,7 +10,7 @@ import demo.tasks  # noqa: F401 (registers the demo's shared tasks)
 import pytest
 from celery import Celery
 from django.test import override_settings
-from helpers import sql
+from helpers import sql, wait_until
 from kombu import Queue
 
 import cron_at_scale
@@ -174,7 +174,7 @@ def test_a_queue_is_paced_to_what_its_consumers_drain(broker):
 
     r = redis.Redis.from_url(broker.conf.broker_url)
     live_worker("w@h", ["paced"])
-    gate = QueueGate(broker, 10**6, True, max_wait=2.0)
+    gate = QueueGate(broker, 10**6, True, max_wait=2.0, on_pace=metrics.observe_pace)
     gate.hold_unconsumed = False
     gate.probe.hold_unconsumed = False
     try:
@@ -200,5 +200,123 @@ def test_a_queue_is_paced_to_what_its_consumers_drain(broker):
         assert not gate.held("paced")
         gate.note([types.SimpleNamespace(task="demo.tasks.noop", queue="paced")])
         assert gate.held("paced") and "paced" in gate.claim_params()["held_queues"]  # before the next check
+    finally:
+        gate.close()
+
+
+def test_a_running_gate_rechecks_on_its_own_thread_and_the_loop_never_waits_for_the_broker(broker, monkeypatch):
+    """start(): a queue's first check is made on the loop (its verdict before any claim for it), its
+    re-checks on the gate's thread; refresh() hands them over and takes the verdicts in later."""
+    import threading
+
+    import redis
+
+    r = redis.Redis.from_url(broker.conf.broker_url)
+    gate = QueueGate(broker, 5, True)
+    looked: list[tuple[str, list[str]]] = []
+    release = threading.Event()
+    real_first, real_again = gate.probe.look, gate.thread_probe.look
+
+    def first(names):
+        looked.append((threading.current_thread().name, sorted(names)))
+        return real_first(names)
+
+    def again(names):
+        looked.append((threading.current_thread().name, sorted(names)))
+        release.wait(10)  # a broker that takes its time
+        return real_again(names)
+
+    monkeypatch.setattr(gate.probe, "look", first)
+    monkeypatch.setattr(gate.thread_probe, "look", again)
+    live_worker("w@h", ["busy"])
+    try:
+        gate.start()
+        gate.destination("demo.tasks.noop", "busy")
+        gate.refresh(now=100.0)
+        assert looked == [(threading.current_thread().name, ["busy", "celery"])]
+        assert gate.states["busy"].state == "ok" and not gate.held("busy")
+        r.lpush("busy", *[b"m"] * 6)  # full (over 5) from now on
+        assert gate.refresh(now=101.0) == []  # handed over: no verdict yet, and no wait for it
+        wait_until(lambda: len(looked) == 2, timeout=10, interval=0.01, what="the thread's re-check")
+        assert looked[1] == ("cron_at_scale-queues", ["busy", "celery"])
+        assert gate.refresh(now=101.5) == [] and not gate.held("busy")  # one question out at a time
+        assert len(looked) == 2
+        release.set()
+        changed: list = []
+
+        def taken_in() -> bool:
+            changed.extend(gate.refresh(now=101.9))
+            return bool(changed)
+
+        wait_until(taken_in, timeout=10, interval=0.01, what="the re-check's verdict")
+        assert [s.queue for s in changed] == ["busy"] and gate.held("busy") and gate.states["busy"].state == "full"
+        assert "busy" in gate.claim_params()["held_queues"]
+    finally:
+        release.set()
+        gate.close()
+    assert not any(t.name == "cron_at_scale-queues" for t in threading.enumerate())  # close() ended it
+
+
+def test_a_recheck_on_the_thread_counts_only_the_runs_claimed_before_it(broker, monkeypatch):
+    """Pacing measures a queue's drain from its depth at two checks and the runs claimed between
+    them: runs claimed while a re-check is out are counted for the next one, not this one."""
+    import threading
+    import types
+
+    import redis
+
+    r = redis.Redis.from_url(broker.conf.broker_url)
+    live_worker("w@h", ["paced"])
+    gate = QueueGate(broker, 10**6, False, max_wait=2.0)
+    release = threading.Event()
+    real = gate.thread_probe.look
+    monkeypatch.setattr(gate.thread_probe, "look", lambda names: release.wait(10) and real(names))
+    try:
+        gate.start()
+        gate.destination("demo.tasks.noop", "paced")
+        r.lpush("paced", *[b"m"] * 40)
+        gate.refresh(now=100.0)  # first check, on the loop: depth 40
+        r.rpop("paced", 10)  # its consumer takes 10 in a second
+        gate.refresh(now=101.0)  # the re-check goes out
+        gate.note([types.SimpleNamespace(task="demo.tasks.noop", queue="paced")] * 5)  # claimed after it
+        release.set()
+        wait_until(lambda: gate.refresh(now=101.2) != [] or "paced" in gate.drain, timeout=10, interval=0.01,
+                   what="the re-check's verdict")
+        assert gate.drain["paced"] == 10  # (40 + 0 - 30) / 1 s, not (40 + 5 - 30)
+        assert gate._sent == {"paced": 5}  # the 5 claimed since count toward the next check
+    finally:
+        release.set()
+        gate.close()
+
+
+def test_a_check_without_an_answer_keeps_a_held_queue_held(broker, monkeypatch):
+    """A database blip (the workers' health rows unreadable: consumers unknown on Redis) or a broker
+    blip (no answer at all) during a re-check must not release a queue held for having no consumer:
+    its jobs would get attempts and wait in a queue nobody reads. A real answer releases it."""
+    import redis
+
+    from cron_at_scale.dispatcher import backpressure
+
+    r = redis.Redis.from_url(broker.conf.broker_url)
+    gate = QueueGate(broker, 5, True)
+    try:
+        gate.destination("demo.tasks.noop", "dead")
+        gate.refresh(now=100.0)
+        assert gate.held("dead") and gate.states["dead"].state == NO_CONSUMER
+        monkeypatch.setattr(backpressure, "live_worker_queues", lambda: None)  # the database restarting
+        assert gate.refresh(now=101.0) == [] and gate.held("dead")
+        assert "dead" in gate.claim_params()["held_queues"]
+        monkeypatch.undo()
+        monkeypatch.setattr(gate.probe, "_declare", lambda name: 1 / 0)  # the broker not answering
+        assert gate.refresh(now=102.0) == [] and gate.held("dead")
+        monkeypatch.undo()
+        live_worker("w@h", ["dead"])  # a consumer comes: a real answer releases it
+        assert [s.queue for s in gate.refresh(now=103.0)] == ["dead"] and not gate.held("dead")
+        monkeypatch.setattr(backpressure, "live_worker_queues", lambda: None)
+        gate.refresh(now=104.0)  # unknown now, and never held for it
+        assert gate.states["dead"].state == "unknown" and not gate.held("dead")
+        r.lpush("dead", *[b"m"] * 6)  # over MAX_BROKER_DEPTH: full is known without the health rows
+        gate.refresh(now=105.0)
+        assert gate.states["dead"].state == "full" and gate.held("dead")
     finally:
         gate.close()

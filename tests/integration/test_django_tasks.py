@@ -47,6 +47,18 @@ def test_enqueue_run_and_get_the_result():
     assert done.started_at is not None and done.finished_at is not None and done.worker_ids
 
 
+def test_a_result_is_still_found_after_its_job_moved_to_the_history():
+    from cron_at_scale.maintenance import archive
+    from integration.django_task_funcs import add
+
+    archive.keep_partitions(86400, None)
+    result = add.enqueue(20, 22)
+    run_due_jobs()
+    assert archive.move(0) == (1, False) and not Job.objects.filter(id=result.id).exists()
+    done = add.get_result(result.id)
+    assert done.status == "SUCCESSFUL" and done.return_value == 42 and done.worker_ids
+
+
 def test_run_after_and_priority_map_onto_the_job():
     from integration.django_task_funcs import add
 

@@ -42,6 +42,8 @@ def test_cron_requeue_without_arguments_names_its_flags():
     (["cron_schedule", "demo.tasks.noop", "--expires", "0"], "--expires: "),
     (["cron_schedule", "no.such.task"], "TASK: "),
     (["cron_cancel", "not-a-uuid"], "JOB_ID: "),
+    (["cron_purge", "--older-than", "99999999999d", "--dry-run"], "--older-than: out of range, longer than a century"),
+    (["cron_jobs", "--late", "9999999999w"], "--late: out of range, longer than a century"),
 ])
 def test_errors_name_the_commands_flag(argv, flag):
     text = error_of(*argv)

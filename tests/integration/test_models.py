@@ -102,7 +102,7 @@ def test_the_claim_reads_no_backlog_of_shards_it_does_not_hold(monkeypatch):
 
     _due_in_shards(87_000, 32, 63)
     sql("ANALYZE cron_at_scale_job")
-    db.run("ensure_shards", {"n": 64}, fetch="count")
+    db.run("ensure_shards", {"shards": list(range(64))}, fetch="count")
     sql("UPDATE cron_at_scale_shardlease SET owner = 'stalled', expires_at = now() + interval '1 hour' WHERE shard >= 32")
     sql("INSERT INTO cron_at_scale_dispatcherheartbeat (name, last_seen, shards) VALUES ('stalled', now(), '[]')")
     d = Dispatcher(name="mine", batch_size=1000, publisher=RecordingPublisher())

@@ -40,6 +40,8 @@ def test_view_serves_database_gauges():
     assert s[("cron_jobs_pending", (("bucket", "next_day"),))] == 1
     assert s[("cron_dlq_jobs", ())] == 1
     assert s[("cron_oldest_overdue_seconds", ())] >= 19
+    assert s[("cron_oldest_late_seconds", ())] == s[("cron_oldest_overdue_seconds", ())]
+    assert s[("cron_jobs_late", ())] == s[("cron_jobs_pending", (("bucket", "overdue"),))] >= 1
 
 
 def test_hooks_count():

@@ -51,7 +51,17 @@ def job_counts() -> dict[str, int]:
     return dict(sql("SELECT status, count(*) FROM cron_at_scale_job GROUP BY 1"))
 
 
-@pytest.mark.timeout(240)
+def wait_completed(n: int, timeout: float) -> None:
+    """Wait for ``n`` completed jobs; on a timeout, fail with what the jobs and attempts were doing."""
+    try:
+        wait_until(lambda: job_counts().get("completed", 0) == n, timeout=timeout, what=f"the {n} jobs to complete")
+    except pytest.fail.Exception as e:
+        attempts = sql("SELECT coalesce(outcome, '-'), started_at IS NOT NULL, count(*) FROM cron_at_scale_jobattempt "
+                       "GROUP BY 1, 2 ORDER BY 1, 2")
+        pytest.fail(f"{e}; jobs {job_counts()}; attempts (outcome, started, count) {attempts}")
+
+
+@pytest.mark.timeout(360)
 @override_settings(CRON_AT_SCALE=SETTINGS)
 def test_a_worker_that_stops_consuming_is_reported_recovers_then_exits_and_no_job_fails(system):
     system.env["CRON_AT_SCALE_SETTINGS"] = json.dumps(SETTINGS)
@@ -87,7 +97,7 @@ def test_a_worker_that_stops_consuming_is_reported_recovers_then_exits_and_no_jo
 
     # It re-adds its consumer (recovery), and every job runs; none failed for its lost,
     # never-started attempts.
-    wait_until(lambda: job_counts().get("completed", 0) == 30, timeout=60, what="the 30 jobs to complete")
+    wait_completed(30, timeout=60 + SLACK)
     assert worker.poll() is None, "the worker exited although re-adding its consumer was enough"
     wait_until(lambda: not worker_row(name)["stuck"], timeout=10, what="the worker to be reported consuming again")
     assert worker_row(name)["note"] == "consuming again (re-added consumers of celery)"
@@ -113,7 +123,7 @@ def test_a_worker_that_stops_consuming_is_reported_recovers_then_exits_and_no_jo
 
     # The supervisor's part: a new worker of the same name runs what waited.
     system.worker("wh", concurrency=2)
-    wait_until(lambda: job_counts().get("completed", 0) == 60, timeout=60, what="the 60 jobs to complete")
+    wait_completed(60, timeout=60 + 3 * SLACK)
     assert job_counts() == {"completed": 60}
     wait_until(lambda: (worker_row(name) or {}).get("state") == "ok" and worker_row(name)["alive"], timeout=30,
                what="the restarted worker's row")

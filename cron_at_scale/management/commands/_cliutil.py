@@ -1,4 +1,5 @@
-"""Argument parsers shared by the cron_* commands: each turns bad input into a clear message."""
+"""Argument parsers shared by the cron_* commands: each turns bad input into a clear message;
+and the lookup of the jobs a command names by id or key (:func:`named_jobs`)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,19 @@ from datetime import datetime
 from django.core.management.base import CommandError
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+MAX_DURATION = 100 * 365 * 86400  # seconds: a century; far longer ones overflow PostgreSQL's timestamps
 
 
 def duration(text: str) -> float:
-    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"1w"`` or plain seconds (``"3600"``) -> seconds."""
+    """``"7d"``, ``"12h"``, ``"30m"``, ``"45s"``, ``"1w"`` or plain seconds (``"3600"``) -> seconds,
+    at most ``MAX_DURATION``."""
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text or "")
     if not match:
         raise argparse.ArgumentTypeError(f"not a duration: {text!r} (examples: 7d, 12h, 30m, 3600)")
-    return float(match[1]) * _UNITS.get(match[2] or "s", 1)
+    value = float(match[1]) * _UNITS.get(match[2] or "s", 1)
+    if value > MAX_DURATION:
+        raise argparse.ArgumentTypeError(f"out of range, longer than a century: {text!r}")
+    return value
 
 
 duration.__name__ = "duration"
@@ -79,6 +85,38 @@ def job_id(text: str) -> str:
 job_id.__name__ = "job id"
 
 
+def named_jobs(refs: list[str], *, what: str = "JOB") -> list:
+    """The jobs named by ``refs`` (each a job id, any UUID spelling, or an idempotency key), in order,
+    without duplicates. A key names its live job (keys are unique among live jobs), else its latest
+    finished one. Raises ``CommandError`` naming every ref that names no job (a malformed id among
+    them, with :func:`job_id`'s message) before the caller changes anything."""
+    from cron_at_scale import conf
+    from cron_at_scale.models import LIVE_STATUSES, Job
+
+    jobs, unknown, seen = [], [], set()
+    for ref in refs:
+        job = None
+        try:
+            uid = job_id(ref)
+            job = Job.objects.using(conf.alias_of_job(uid)).filter(id=uid).first()
+        except argparse.ArgumentTypeError as e:
+            malformed = str(e)
+        else:
+            malformed = ""
+        if job is None:  # a key (also one that reads as a UUID)
+            by_key = Job.objects.using(conf.alias_of_key(ref)).filter(key=ref)  # SHARD_DATABASES: the key's
+            job = by_key.filter(status__in=LIVE_STATUSES).first() or by_key.order_by("-fire_at", "-id").first()
+        if job is None:
+            unknown.append(f"{malformed}, nor the key of a job" if malformed
+                           else f"{ref[:80]!r}: no job has this id or key")
+        elif job.id not in seen:
+            seen.add(job.id)
+            jobs.append(job)
+    if unknown:
+        raise CommandError(f"{what}: " + "; ".join(unknown) + " (nothing changed)")
+    return jobs
+
+
 def json_of(kind: type):
     name = "list" if kind is list else "object"
     example = '[1, 2]' if kind is list else '{"a": 1}'
@@ -106,3 +144,52 @@ def flag_error(e, flags: Mapping[str, str]) -> CommandError:
     if field in flags and text.startswith(f"{field}: "):
         text = f"{flags[field]}: {text[len(field) + 2:]}"
     return CommandError(text)
+
+
+def add_job_selection(parser, verb: str) -> None:
+    """The arguments of a command that acts on named jobs or, in bulk, on a task's or every recurring job:
+    ``JOB`` (ids or keys), ``--task``, ``--all``, ``--yes``."""
+    parser.add_argument("jobs", nargs="*", metavar="JOB",
+                        help="job ids (UUIDs) or idempotency keys; one that names no job stops the command "
+                             "before it changes any")
+    parser.add_argument("--task", help=f"{verb} every recurring job of this task name (with --yes)")
+    parser.add_argument("--all", action="store_true", help=f"{verb} every recurring job (with --yes)")
+    parser.add_argument("--yes", action="store_true",
+                        help="with --task or --all: do it (without: list what would change, change nothing)")
+
+
+def selected_jobs(opts, status: str, verb: str, write) -> list:
+    """The jobs ``opts`` (from :func:`add_job_selection`) selects: the named ones, or the recurring jobs in
+    ``status`` of ``--task`` / ``--all``. Without ``--yes`` a bulk selection is listed (``write``) and
+    ``CommandError`` raised (exit 1): nothing changes. Raises ``CommandError`` for no or a mixed selection."""
+    from cron_at_scale.models import Job, ScheduleType
+
+    bulk = opts["task"] is not None or opts["all"]
+    if opts["jobs"] and bulk:
+        raise CommandError("give JOB ids/keys, or --task / --all, not both")
+    if not opts["jobs"] and not bulk:
+        raise CommandError(f"give the JOB ids or keys to {verb}, or --task NAME / --all (with --yes)")
+    if opts["jobs"]:
+        return named_jobs(opts["jobs"])
+    from cron_at_scale import conf
+
+    jobs = []
+    for alias in conf.shard_aliases():  # every database of SHARD_DATABASES
+        query = Job.objects.using(alias).filter(status=status).exclude(schedule_type=ScheduleType.ONCE)
+        if opts["task"] is not None:
+            query = query.filter(task=opts["task"])
+        # what the commands print and compare, not the payloads: a selection can be every recurring job
+        jobs += query.order_by("fire_at", "id").only("id", "key", "task", "status", "schedule_type", "fire_at",
+                                                     "attempts", "missed_occurrences")
+    jobs.sort(key=lambda job: (job.fire_at, job.id))
+    if not opts["yes"]:
+        for job in jobs:
+            write(f"would {verb} {describe(job)}")
+        raise CommandError(f"{len(jobs)} {status} recurring job{'s' if len(jobs) != 1 else ''} match; add --yes to "
+                           f"{verb} {'them' if len(jobs) != 1 else 'it'} (nothing changed)")
+    return jobs
+
+
+def describe(job) -> str:
+    """``<id> (<key or task>)``: how a command names a job in what it prints."""
+    return f"{job.id} ({job.key or job.task})"

@@ -6,7 +6,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 import cron_at_scale
-from cron_at_scale import ValidationError
+from cron_at_scale import ValidationError, conf
 from cron_at_scale.management.commands._cliutil import flag_error, job_id
 from cron_at_scale.models import Job
 
@@ -15,7 +15,7 @@ class Command(BaseCommand):
     help = (
         "Cancel jobs by id. A pending job will not fire; a claimed one is skipped by the worker; a running "
         "one is told (current_job().cancel_requested) at its next heartbeat. A recurring job stops for good "
-        "(use pause in the admin to hold it instead). Exits 1 if any id was not a cancellable job."
+        "(cron_pause holds it instead). Exits 1 if any id was not a cancellable job."
     )
 
     def add_arguments(self, parser):
@@ -40,7 +40,7 @@ class Command(BaseCommand):
             if done:
                 self.stdout.write(f"{jid}: cancelled")
                 continue
-            row = Job.objects.filter(id=jid).values_list("status", flat=True).first()
+            row = Job.objects.using(conf.alias_of_job(jid)).filter(id=jid).values_list("status", flat=True).first()
             self.stderr.write(f"{jid}: " + (f"not cancelled, it is already {row}" if row else "no such job"))
             failed.append(jid)
         if failed:

@@ -75,6 +75,10 @@ class Command(BaseCommand):
         parser.add_argument("--shards", default="auto", choices=["auto", "all"],
                             help="auto: share the 64 shards with the other dispatchers through leases "
                                  "(default); all: claim from every shard, taking no lease")
+        parser.add_argument("--database", metavar="ALIAS",
+                            help="with CRON_AT_SCALE['SHARD_DATABASES']: the database (an alias of it) whose "
+                                 "shards this dispatcher claims; run one or more per database (default: the "
+                                 "only one, else required)")
         parser.add_argument("--max-seconds", type=_positive(float, 10**9), help="exit after this many seconds (for tests)")
         parser.add_argument("--metrics-port", type=_positive(int, 65535),
                             help="serve Prometheus metrics on this port (http://BIND:PORT/metrics)")
@@ -83,6 +87,18 @@ class Command(BaseCommand):
                                  "0.0.0.0 or :: for a scraper elsewhere, with CRON_AT_SCALE['METRICS_TOKEN'])")
 
     def handle(self, *args, **opts):
+        from cron_at_scale import conf
+
+        alias = self._database(opts["database"])
+        if alias is None:
+            return self._run(opts)
+        conf.pin_alias(alias)  # every statement of this process (its threads too) on that database
+        try:
+            return self._run(opts)
+        finally:
+            conf.pin_alias(None)  # an in-process call (a test, call_command) leaves nothing behind
+
+    def _run(self, opts):
         if opts["metrics_bind"] is not None and not opts["metrics_port"]:
             raise CommandError("--metrics-bind needs --metrics-port")
         level = logging.INFO if opts["verbosity"] >= 2 else logging.WARNING
@@ -120,6 +136,25 @@ class Command(BaseCommand):
             raise CommandError(f"the dispatcher stopped on a database error: {e}") from e
         if opts["verbosity"] >= 1:
             self.stdout.write(f"dispatcher {dispatcher.name} stopped: {dispatcher.published_total} jobs published")
+
+    def _database(self, alias: str | None) -> str | None:
+        """The database this dispatcher serves: ``--database``, or the only one of
+        ``SHARD_DATABASES``; None when that setting is unset (``DATABASE``, as always)."""
+        from cron_at_scale import conf
+
+        try:
+            sharded = conf.shard_map() is not None
+            homes = conf.shard_aliases()
+        except Exception as e:  # a bad SHARD_DATABASES, said plainly
+            raise CommandError(f"cannot start the dispatcher: {e}") from e
+        if alias is None:
+            if len(homes) > 1:
+                raise CommandError(f"CRON_AT_SCALE['SHARD_DATABASES'] spreads the shards over {', '.join(homes)}: "
+                                   "give --database ALIAS, and run a dispatcher for each of them")
+            return homes[0] if sharded else None
+        if alias not in homes:
+            raise CommandError(f"--database {alias!r} holds no shards (the databases that do: {', '.join(homes)})")
+        return alias if sharded else None
 
 
 def _shows(logger: logging.Logger, level: int) -> bool:

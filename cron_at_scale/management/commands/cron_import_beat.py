@@ -128,7 +128,7 @@ def import_periodic_tasks(*, dry_run: bool = False, disable_source: bool = False
         for pt in rows:
             key = f"{KEY_PREFIX}{pt.name}"
             if (pt.one_off or pt.clocked_id) and not pt.enabled:
-                if Job.objects.filter(key=key).exists():  # imported before (then disabled, or ran there)
+                if Job.objects.using(conf.alias_of_key(key)).filter(key=key).exists():  # imported before (then disabled, or ran there)
                     report.unchanged.append(pt.name)
                     mapped.append(pt.pk)
                 else:

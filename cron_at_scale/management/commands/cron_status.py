@@ -51,11 +51,15 @@ class Command(BaseCommand):
             return f"≥{value}" if name in s.capped else f"~{value}" if name in s.estimated else str(value)
 
         def ms(v):
-            return "-" if v is None else f"{v * 1000:.1f} ms"
+            return "-" if v is None else f"{v * 1000:.1f} ms" if v < 10 else f"{v:.1f} s"
 
         out(f"database time     {s.db_now}")
-        out("pending           " + "  ".join(f"{k.replace('_', ' ')} {n('pending.' + k, v)}" for k, v in s.pending.items()))
-        out(f"oldest due job    waiting {s.oldest_overdue_seconds:.1f} s" + ("  BEHIND" if behind else "")
+        # The JSON's pending.overdue bucket is what the admin calls late (due, not yet claimed): "overdue"
+        # is kept there for scripts; the text says late, as the admin does (overdue is the recurring rule).
+        words = {"overdue": "late"}
+        out("pending           " + "  ".join(f"{words.get(k, k.replace('_', ' '))} {n('pending.' + k, v)}"
+                                             for k, v in s.pending.items()))
+        out(f"oldest late job   waiting {s.oldest_overdue_seconds:.1f} s" + ("  BEHIND" if behind else "")
             + f" (threshold {after:g} s)")
         out(f"firing lag        p50 {ms(s.lag_seconds['p50'])}  p99 {ms(s.lag_seconds['p99'])}  "
             f"max {ms(s.lag_seconds['max'])}  ({s.lag_sample} runs, last {s.lag_window_seconds:g} s)")
@@ -71,6 +75,10 @@ class Command(BaseCommand):
         if s.overdue_jobs_count > OVERDUE_LISTED:
             out(f"  … {s.overdue_jobs_count - OVERDUE_LISTED} more (--json lists {len(s.overdue_jobs)}; admin: ?overdue=yes)")
         out(f"dispatchers alive {s.dispatchers_alive}" + (f" ({', '.join(s.dispatchers)})" if s.dispatchers else ""))
+        for d in s.databases:  # SHARD_DATABASES: each database's share of the figures above
+            out(f"database {d['database']} (shards {d['shards']}): pending {d['pending']}, late {d['late']} "
+                f"(oldest {d['oldest_late_seconds']:.1f}s), in progress {d['in_progress']}, dlq {d['dlq']}, "
+                f"dispatchers alive {d['dispatchers_alive']}")
         alive = [w for w in s.workers if w["alive"]]
         stuck = [w for w in alive if w["stuck"]]
         out(f"workers alive     {len(alive)}" + (f", {len(stuck)} STUCK" if stuck else ""))

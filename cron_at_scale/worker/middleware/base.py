@@ -15,8 +15,23 @@ if TYPE_CHECKING:
 
 
 class SkipJob(Ignore):
-    """This message is not to run (a duplicate, a superseded attempt, a cancelled job): Celery
-    acknowledges it and records no failure (it is Celery's ``Ignore``)."""
+    """This message is not to run (a duplicate, a superseded attempt, a cancelled job), or its
+    attempt ended as a database state (retried): Celery acknowledges it and records no failure
+    (it is Celery's ``Ignore``).
+
+    ``outcome`` says how the attempt ended, for the task event the worker's main process sends
+    in its place (:mod:`cron_at_scale.worker.events`): ``"skipped"`` (the default: a duplicate,
+    a superseded or early message, a job already completed), ``"cancelled"``, ``"expired"``
+    (not started within the job's ``expires``), or ``"retried"`` with the error's ``error``
+    (its repr) and ``trace`` (its formatted traceback). It crosses from the pool process to the
+    main process pickled: every field is in ``args``."""
+
+    def __init__(self, outcome: str = "skipped", error: str = "", trace: str = "") -> None:
+        super().__init__(outcome, error, trace)
+        self.outcome, self.error, self.trace = outcome, error, trace
+
+    def __str__(self) -> str:  # Celery logs an ignored task with it: the outcome, not the traceback
+        return self.outcome
 
 
 @dataclass

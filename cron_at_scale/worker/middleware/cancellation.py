@@ -19,4 +19,4 @@ class Cancellation(Middleware):
     def before_run(self, run: Run) -> None:
         if run.row.outcome != "running":
             log.info("skipping job %s attempt %d: %s", run.job_id, run.attempt, run.row.outcome)
-            raise SkipJob()
+            raise SkipJob(run.row.outcome)  # 'cancelled' or 'skipped' (an earlier attempt succeeded)

@@ -55,11 +55,17 @@ class Heartbeat:
             return
         lease, interval = float(conf.get("RUN_LEASE")), float(conf.get("HEARTBEAT_INTERVAL"))
         t0 = time.monotonic()
-        rows = db.run("heartbeat", {
-            "lease": lease,
-            "job_ids": [k[0] for k in running],
-            "attempts": [k[1] for k in running],
-        })
+        by_alias: dict[str, list[tuple[str, int]]] = {}
+        for k in running:  # one statement per database (SHARD_DATABASES), else one
+            by_alias.setdefault(conf.alias_of_job(k[0]), []).append(k)
+        rows = []
+        for alias, keys in by_alias.items():
+            with conf.using(alias):
+                rows += db.run("heartbeat", {
+                    "lease": lease,
+                    "job_ids": [k[0] for k in keys],
+                    "attempts": [k[1] for k in keys],
+                })
         took = time.monotonic() - t0
         if took > (lease - interval) / 2:  # the lease holds while took < RUN_LEASE - HEARTBEAT_INTERVAL
             log.warning("heartbeat of %d running attempts took %.1fs: the run lease (%.0fs) leaves %.1fs beyond "

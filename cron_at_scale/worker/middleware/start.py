@@ -52,5 +52,5 @@ class IdempotentStart(Middleware):
             run.attempt = row.attempt
         if row.outcome == "skipped" and row.error.startswith("expired"):  # options["expires"], cron_at_scale.policy.expiry
             log.warning("not running job %s attempt %d: %s", run.job_id, row.attempt, row.error)
-            raise SkipJob()
+            raise SkipJob("expired")
         run.row = row

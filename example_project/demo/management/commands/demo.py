@@ -3,7 +3,8 @@
 Migrates, starts one dispatcher and two Celery workers, schedules jobs (most
 due now, some over the next seconds, a few cron jobs firing every second, a
 few cancelled before they fire), shows progress while they fire, then prints
-scheduled / completed / cancelled / missed / duplicates and the firing lag.
+scheduled / completed / cancelled / missed / duplicates / re-fires and the firing lag
+per run, split into the scheduler's part and the workers' part.
 Exits 1 if a job was missed or an attempt executed twice.
 """
 
@@ -27,6 +28,11 @@ from cron_at_scale.cron import next_fire_times
 from demo.runner import Processes, child_env, database_url, wait_for_workers
 
 CRON_EXPR = "* * * * * *"  # every second (6 fields: leading seconds)
+# Every job, live or finished: a finished one moves to the history HISTORY_AFTER after it finished.
+JOBS = ("(SELECT id, task, schedule_type, status FROM cron_at_scale_job "
+        "UNION ALL SELECT id, task, schedule_type, status FROM cron_at_scale_jobhistory)")
+ATTEMPTS = ("(SELECT job_id, scheduled_at, dispatched_at, started_at, outcome FROM cron_at_scale_jobattempt "
+            "UNION ALL SELECT job_id, scheduled_at, dispatched_at, started_at, outcome FROM cron_at_scale_attempthistory)")
 
 
 def percentile(sorted_values: list[float], p: float) -> float:
@@ -75,6 +81,9 @@ class Command(BaseCommand):
             cur.execute("DELETE FROM cron_at_scale_jobattempt a USING cron_at_scale_job j "
                         "WHERE j.id = a.job_id AND j.task LIKE 'demo.tasks.%%'")
             cur.execute("DELETE FROM cron_at_scale_job WHERE task LIKE 'demo.tasks.%%'")
+            cur.execute("DELETE FROM cron_at_scale_attempthistory a USING cron_at_scale_jobhistory j "
+                        "WHERE j.id = a.job_id AND j.task LIKE 'demo.tasks.%%'")
+            cur.execute("DELETE FROM cron_at_scale_jobhistory WHERE task LIKE 'demo.tasks.%%'")
 
         env = child_env(database_url(connection.settings_dict), settings.CELERY_BROKER_URL)
         log_dir = Path(getattr(settings, "DATA_DIR", Path.cwd())) / "demo-logs"
@@ -96,17 +105,7 @@ class Command(BaseCommand):
             sys.exit(130)
         finally:
             procs.stop()
-        summary_text = (
-            f"scheduled {summary['scheduled']}  completed {summary['completed']}  cancelled {summary['cancelled']}  "
-            f"cron runs {summary['cron_runs']}  missed {summary['missed']}  duplicates {summary['duplicates']}\n"
-            f"firing lag ms: p50 {summary['lag_ms']['p50']}  p95 {summary['lag_ms']['p95']}  "
-            f"p99 {summary['lag_ms']['p99']}  max {summary['lag_ms']['max']}  "
-            f"(fire_at -> attempt start, database clock; {summary['elapsed_s']} s in all)\n"
-            f"  of which dispatch lag ms: p50 {summary['dispatch_lag_ms']['p50']}  p99 {summary['dispatch_lag_ms']['p99']}"
-            f"  max {summary['dispatch_lag_ms']['max']}  (fire_at -> claimed for the broker: the scheduler's part)\n"
-            f"  and queue wait ms: p50 {summary['queue_wait_ms']['p50']}  p99 {summary['queue_wait_ms']['p99']}"
-            f"  max {summary['queue_wait_ms']['max']}  (-> a worker started it: the workers' capacity, not the scheduler)"
-        )
+        summary_text = summary_lines(summary)
         say(summary_text)
         if opts["json"]:
             self.stdout.write(json.dumps(summary))
@@ -146,7 +145,7 @@ class Command(BaseCommand):
         while done < one_off and time.monotonic() < deadline:
             time.sleep(0.25)
             self.check_children()
-            now_done = _count("SELECT count(*) FROM cron_at_scale_job WHERE task = 'demo.tasks.record' "
+            now_done = _count(f"SELECT count(*) FROM {JOBS} AS j WHERE task = 'demo.tasks.record' "
                               "AND schedule_type = 'once' AND status IN ('completed', 'failed')")
             bar.update(now_done - done)
             done = now_done
@@ -187,14 +186,14 @@ class Command(BaseCommand):
             cur.execute(
                 "SELECT count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'cancelled'),"
                 " count(*) FILTER (WHERE status NOT IN ('completed', 'cancelled'))"
-                " FROM cron_at_scale_job WHERE schedule_type = 'once' AND task = 'demo.tasks.record'")
+                f" FROM {JOBS} AS j WHERE schedule_type = 'once' AND task = 'demo.tasks.record'")
             completed, cancelled, unfinished = cur.fetchone()
             # Executions per (job, attempt): from the task's own table, not the scheduler's log.
             cur.execute("SELECT coalesce(sum(c - 1), 0) FROM (SELECT count(*) AS c FROM demo_execution "
                         "GROUP BY job_id, attempt HAVING count(*) > 1) d")
             duplicates = int(cur.fetchone()[0])
             # One-off jobs that should have run and have no execution at all.
-            cur.execute("SELECT count(*) FROM cron_at_scale_job j WHERE j.schedule_type = 'once' "
+            cur.execute(f"SELECT count(*) FROM {JOBS} AS j WHERE j.schedule_type = 'once' "
                         "AND j.task = 'demo.tasks.record' AND j.status <> 'cancelled' AND NOT EXISTS "
                         "(SELECT 1 FROM demo_execution e WHERE e.job_id = j.id)")
             missed_once = cur.fetchone()[0]
@@ -213,19 +212,7 @@ class Command(BaseCommand):
                 ran = {r[0] for r in cur.fetchall()}
                 cron_runs += len(ran)
                 missed_cron += len(expected - ran)
-            # Per run, database clock: the whole lag, and its two parts: until the dispatcher claimed it
-            # for the broker (the scheduler's part; a run claimed ahead is published at its fire_at), and
-            # from then until a worker started it (the workers' queue).
-            cur.execute("SELECT extract(epoch FROM a.started_at - a.scheduled_at) * 1000, "
-                        "extract(epoch FROM greatest(a.dispatched_at, a.scheduled_at) - a.scheduled_at) * 1000, "
-                        "extract(epoch FROM a.started_at - greatest(a.dispatched_at, a.scheduled_at)) * 1000 "
-                        "FROM cron_at_scale_jobattempt a "
-                        "JOIN cron_at_scale_job j ON j.id = a.job_id WHERE j.task = 'demo.tasks.record' "
-                        "AND a.started_at IS NOT NULL AND a.outcome <> 'cancelled'")
-            rows = cur.fetchall()
-            lags = sorted(float(r[0]) for r in rows)
-            dispatch = sorted(float(r[1]) for r in rows)
-            queued = sorted(max(0.0, float(r[2])) for r in rows)
+            stats = run_stats(cur)
         return {
             "scheduled": n,
             "completed": completed,
@@ -234,11 +221,65 @@ class Command(BaseCommand):
             "missed": int(missed_once + missed_cron + unfinished),
             "duplicates": duplicates,
             "cancelled_but_ran": cancelled_ran,
-            "lag_ms": _percentiles(lags),
-            "dispatch_lag_ms": _percentiles(dispatch),
-            "queue_wait_ms": _percentiles(queued),
+            **stats,
             "elapsed_s": round(elapsed, 1),
         }
+
+
+# Per run (a one-off job: all its attempts; a cron job: the attempts of one occurrence), database
+# clock: when it was due, first dispatched (a run claimed ahead is published at its fire_at), first
+# started, and its attempts; the lost ones by whether a worker had started them.
+RUNS = f"""
+SELECT min(a.scheduled_at) AS due,
+       min(greatest(a.dispatched_at, a.scheduled_at)) AS dispatched,
+       min(a.started_at) FILTER (WHERE a.outcome <> 'cancelled') AS started,
+       count(*) AS attempts,
+       count(*) FILTER (WHERE a.outcome = 'lost' AND a.started_at IS NULL) AS lost_queued,
+       count(*) FILTER (WHERE a.outcome = 'lost' AND a.started_at IS NOT NULL) AS lost_running
+FROM {ATTEMPTS} AS a JOIN {JOBS} AS j ON j.id = a.job_id
+WHERE j.task = 'demo.tasks.record'
+GROUP BY a.job_id, CASE WHEN j.schedule_type = 'once' THEN NULL ELSE a.scheduled_at END
+"""
+
+
+def run_stats(cur) -> dict:
+    """The demo's attempts, per run: the firing lag (due -> first start) and its two parts, the
+    scheduler's (due -> first dispatch: claimed and published) and the workers' (first dispatch ->
+    first start: waiting in the broker for a free worker, and for the re-fire of an attempt whose
+    dispatch lease ran out there); and the re-fires, attempts fired again after one was lost."""
+    cur.execute(f"""SELECT extract(epoch FROM started - due) * 1000, extract(epoch FROM dispatched - due) * 1000,
+                           extract(epoch FROM started - dispatched) * 1000, attempts, lost_queued, lost_running
+                    FROM ({RUNS}) runs""")
+    rows = cur.fetchall()
+    started = [r for r in rows if r[0] is not None]
+    return {
+        "lag_ms": _percentiles(sorted(float(r[0]) for r in started)),
+        "dispatch_lag_ms": _percentiles(sorted(float(r[1]) for r in started)),
+        "queue_wait_ms": _percentiles(sorted(max(0.0, float(r[2])) for r in started)),
+        "attempts": sum(r[3] for r in rows),
+        "refires": sum(r[3] - 1 for r in rows),
+        "lost_before_start": sum(r[4] for r in rows),
+        "lost_while_running": sum(r[5] for r in rows),
+    }
+
+
+def summary_lines(summary: dict) -> str:
+    """The human summary of ``summary`` (the JSON line's figures)."""
+    lag, sched, work = summary["lag_ms"], summary["dispatch_lag_ms"], summary["queue_wait_ms"]
+    return (
+        f"scheduled {summary['scheduled']}  completed {summary['completed']}  cancelled {summary['cancelled']}  "
+        f"cron runs {summary['cron_runs']}  missed {summary['missed']}  duplicates {summary['duplicates']}  "
+        f"re-fires {summary['refires']} of {summary['attempts']} attempts\n"
+        f"firing lag ms: p50 {lag['p50']}  p95 {lag['p95']}  p99 {lag['p99']}  max {lag['max']}  "
+        f"(per run: fire_at -> its first start, database clock; {summary['elapsed_s']} s in all)\n"
+        f"  the scheduler's part ms: p50 {sched['p50']}  p99 {sched['p99']}  max {sched['max']}  "
+        "(fire_at -> first dispatch: claimed and published; also a queue held back while its workers are behind)\n"
+        f"  the workers' part ms: p50 {work['p50']}  p99 {work['p99']}  max {work['max']}  "
+        "(first dispatch -> first start: waiting for a free worker, and for re-fires)\n"
+        f"re-fired attempts: {summary['refires']} (an attempt lost: {summary['lost_before_start']} "
+        f"before a worker started it, its dispatch lease ran out in the queue; {summary['lost_while_running']} "
+        "while running, its worker died)"
+    )
 
 
 def _percentiles(values: list[float]) -> dict[str, float]:

@@ -1,0 +1,47 @@
+"""The pickup benchmark (bench/pickup.py) at a low rate for a few seconds: every hop of every job is timed.
+
+A smoke test, not a timed one: no figure is compared with a target, only that each job
+scheduled due now ran, and that each process's probe (the dispatcher's wake-up, claim and
+publish; the worker parent's receipt; the pool child's prerun, start statement and body)
+recorded it, so that each hop of the table has one figure per job.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.acceptance
+
+ROOT = Path(__file__).resolve().parents[2]
+CHAIN = ("scheduled", "claim_start", "claimed", "published", "received", "prerun", "started", "body")
+
+
+def test_the_pickup_benchmark_times_every_hop_of_every_job(transactional_db, broker):
+    from demo.runner import child_env, database_url
+    from django.conf import settings
+    from django.db import connection
+
+    env = child_env(database_url(connection.settings_dict), settings.CELERY_BROKER_URL)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "pickup.py"), "--rates", "40", "--duration", "2",
+                           "--warmup", "0.5", "--workers", "1", "--concurrency", "2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+
+    run = r["rates"]["40"]
+    assert run["jobs"] == 80 and run["ran"] == 80
+    hops = run["hops"]
+    for a, b in zip(CHAIN, CHAIN[1:], strict=False):
+        assert hops[f"{a} -> {b}"]["n"] == 80, (a, b)
+        assert {"p50", "p99", "max"} <= set(hops[f"{a} -> {b}"])
+    assert hops["total: scheduled -> body"]["n"] == 80
+    assert hops["total: scheduled -> body"]["p50"] > 0
+    assert run["woken_by_notify"] > 0  # the dispatcher's LISTEN probe saw the wake-ups
+    assert "scheduled -> woke (woken jobs)" in hops
+    assert isinstance(run["dispatcher_loop"], dict)  # the loop's other work, by kind (maybe none this short)
+    assert "p99" in proc.stderr  # the table
