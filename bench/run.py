@@ -265,7 +265,17 @@ class Bench:
 
     def reset(self) -> None:
         """Empty the job tables and the bench's broker queues (workers idle, nothing in flight)."""
-        self.q("TRUNCATE cron_at_scale_jobattempt, cron_at_scale_job, demo_execution")
+        from django.db import OperationalError
+
+        # A worker's last completions may still be committing; TRUNCATE can lose a deadlock to them.
+        for tries_left in range(20, -1, -1):
+            try:
+                self.q("TRUNCATE cron_at_scale_jobattempt, cron_at_scale_job, demo_execution")
+                break
+            except OperationalError:
+                if not tries_left:
+                    raise
+                time.sleep(0.25)
         self.redis.delete("celery", *OVERHEAD_QUEUES, CEILING_LIST)
 
     def insert_due(self, n: int, queue: str = "") -> None:
