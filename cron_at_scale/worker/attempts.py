@@ -77,6 +77,11 @@ def write_failure(params: dict) -> int:
     return db.run("finish_attempt", {**params, "outcome": "failed", "status": "failed"}, fetch="count")
 
 
+# Seconds a start retries on one of several databases (SHARD_DATABASES) before it gives up: a
+# restart's blip, not an outage, which would hold pool processes the other databases' jobs need.
+SHARDED_START_HOLD = 2.0
+
+
 class InlineCompleter:
     """Writes each completion now, on the calling thread."""
 
@@ -89,6 +94,7 @@ class BatchCompleter:
 
     def __init__(self) -> None:
         self.done: list[tuple[str, int, str]] = []  # (job_id, attempt, its database's alias)
+        self.down_until: dict[str, float] = {}  # alias -> monotonic time: starts there are tried once
         self.cond = threading.Condition()
         self.thread: threading.Thread | None = None
         self.pid: int | None = None
@@ -147,15 +153,30 @@ class BatchCompleter:
         backoff for up to half the dispatch lease: the message is in hand, and an attempt still
         unstarted after its lease is fired again anyway. The same token goes with every try, so
         a try that committed without its reply is found, not skipped. Then the error is raised.
+
+        With the shards on several databases (``SHARD_DATABASES``) a pool process held by one
+        database's outage is one the others' jobs cannot use: the tries there stop after
+        ``SHARDED_START_HOLD`` seconds, and then, for the rest of half the dispatch lease, a start
+        on that database is tried once (its attempt is fired again after its lease).
         """
         token = str(uuid4())
-        deadline = time.monotonic() + float(conf.get("DISPATCH_LEASE")) / 2
+        alias = conf.db_alias()
+        hold = float(conf.get("DISPATCH_LEASE")) / 2
+        now = time.monotonic()
+        several = len(conf.shard_aliases()) > 1
+        if several:
+            hold = 0.0 if self.down_until.get(alias, 0.0) > now else min(hold, SHARDED_START_HOLD)
+        deadline = now + hold
         pause = 0.2
         while True:
             try:
-                return self._write(job_id, attempt, worker, token)
+                row = self._write(job_id, attempt, worker, token)
+                self.down_until.pop(alias, None)
+                return row
             except (OperationalError, InterfaceError) as e:
                 if time.monotonic() + pause > deadline:
+                    if several:
+                        self.down_until[alias] = time.monotonic() + float(conf.get("DISPATCH_LEASE")) / 2
                     raise
                 log.warning("starting job %s attempt %d: database unavailable (%s); trying again in %.1fs",
                             job_id, attempt, str(e).strip()[:200], pause)

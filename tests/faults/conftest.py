@@ -101,6 +101,62 @@ def env(request, pg, redis_server, tmp_path):
             redis_server.start()
 
 
+@pytest.fixture(scope="session")
+def pg2(pg):
+    """A second private PostgreSQL cluster: the shards 32-63 of the two-cluster scenarios."""
+    if pg.restart is None:
+        pytest.skip(f"no private PostgreSQL cluster for a second one ({pg.why_private_failed})")
+    server = faultkit.PrivatePostgres().start()
+    log_dir = Path(tempfile.mkdtemp(prefix="caf-logs2-", dir="/tmp"))
+    try:
+        faultkit.migrate_template(server, TEMPLATE, log_dir)
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(log_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def env2(request, pg, pg2, redis_server, tmp_path):
+    """A scenario on two clusters: its database on each (``default``: shards 0-31 and the demo's
+    executions; ``second``: 32-63), ``env2.db`` both as one (:class:`faultkit.Spread`), and
+    ``env2.system(settings)`` whose processes run with ``SHARD_DATABASES``."""
+
+    class Env:
+        pass
+
+    e = Env()
+    e.pg, e.pg2, e.redis = pg, pg2, redis_server
+    name = "faults2_" + re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:48]
+    e.urls = {"default": faultkit.create_database(pg, TEMPLATE, name),
+              "second": faultkit.create_database(pg2, TEMPLATE, name)}
+    check_url = faultkit.create_database(pg, TEMPLATE, name + "_chk")
+    if not redis_server.ping():
+        redis_server.start()
+    redis_server.client().flushall()
+    e.db = faultkit.Spread({alias: faultkit.DB(url) for alias, url in e.urls.items()}, check_url)
+    e.log_dir = tmp_path / "logs"
+    systems: list[faultkit.System] = []
+
+    def system(settings: dict) -> faultkit.System:
+        s = faultkit.System(e.urls["default"], redis_server.url(), e.log_dir, settings, second_db_url=e.urls["second"])
+        systems.append(s)
+        return s
+
+    e.system = system
+    try:
+        yield e
+    finally:
+        for s in systems:
+            s.stop_all()
+        if getattr(request.node, "rep_failed", False):
+            for s in systems:
+                print(s.logs())
+        e.db.close()
+        if not redis_server.ping():
+            redis_server.start()
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     rep = yield

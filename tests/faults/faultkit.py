@@ -434,13 +434,26 @@ def create_database(pg, template: str, name: str) -> str:
     return pg.url(name)
 
 
-def schedule_once(db: DB, specs: list[tuple[float, str, dict]], expect: str = "completed", kind: str = "") -> list[str]:
+def schedule_once(db: DB | Spread, specs: list[tuple[float, str, dict]], expect: str = "completed",
+                  kind: str = "") -> list[str]:
     """Insert one-off jobs: ``(seconds from now on the database clock, task, kwargs)`` each.
 
     Written straight into the Job table (the columns schedule() writes; the
-    rest have database defaults), with their expected final state.
+    rest have database defaults), with their expected final state. On a
+    :class:`Spread`, each job goes to the database of its shard.
     """
     rows = [(str(uuid.uuid4()), float(off), task, json.dumps({"args": [], "kwargs": kw})) for off, task, kw in specs]
+    if isinstance(db, Spread):
+        for alias, one in db.dbs.items():
+            _insert_once(one, [r for r in rows if alias_of(r[0]) == alias], expect, kind)
+    else:
+        _insert_once(db, rows, expect, kind)
+    return [r[0] for r in rows]
+
+
+def _insert_once(db: DB, rows: list[tuple], expect: str, kind: str) -> None:
+    if not rows:
+        return
     with db.conn.cursor() as cur:
         cur.execute("SELECT statement_timestamp()")
         (now,) = cur.fetchone()
@@ -455,7 +468,6 @@ def schedule_once(db: DB, specs: list[tuple[float, str, dict]], expect: str = "c
             SELECT j.id, j.fire_at, v.expect, v.kind FROM (VALUES %s) AS v(id, expect, kind)
             JOIN cron_at_scale_job j ON j.id = v.id::uuid
         """, [(r[0], expect, kind or r[2]) for r in rows], page_size=5000)
-    return [r[0] for r in rows]
 
 
 def burst(n: int, window: float, task: str = "demo.tasks.record", start: float = 0.5, kw=None) -> list[tuple]:
@@ -498,8 +510,11 @@ class System:
     settings: dict
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     _app: object = None
+    second_db_url: str = ""  # set: the shards split over db_url and this one (SHARDED_SETTINGS)
 
     def env(self, clock_offset: float = 0.0, **extra) -> dict[str, str]:
+        if self.second_db_url:
+            extra = {"DJANGO_SETTINGS_MODULE": SHARDED_SETTINGS, "SECOND_DATABASE_URL": self.second_db_url, **extra}
         return child_env(self.db_url, self.broker_url, self.settings, clock_offset, **extra)
 
     def _spawn(self, name: str, args: list[str], env: dict, prefix: list[str] | None = None) -> subprocess.Popen:
@@ -521,10 +536,12 @@ class System:
         return self._spawn(name, args, self.env(clock_offset, **env), prefix)
 
     def dispatcher(self, name: str, clock_offset: float = 0.0, failpoints: str = "", extra: list[str] | None = None,
-                   prefix: list[str] | None = None, **env) -> subprocess.Popen:
+                   prefix: list[str] | None = None, database: str = "", **env) -> subprocess.Popen:
+        """``database``: the alias whose shards it claims (``--database``; needed with two clusters)."""
         if failpoints:
             env["CRON_AT_SCALE_FAILPOINTS"] = failpoints
-        args = [PYTHON, "manage.py", "cron_dispatcher", "--name", name, "-v", "0", *(extra or [])]
+        args = [PYTHON, "manage.py", "cron_dispatcher", "--name", name, "-v", "0",
+                *(["--database", database] if database else []), *(extra or [])]
         return self._spawn(name, args, self.env(clock_offset, **env), prefix)
 
     @property
@@ -608,11 +625,74 @@ class System:
 
 
 # ---------------------------------------------------------------------------
+# Two clusters: the 64 shards split over two scenario databases (SHARD_DATABASES)
+# ---------------------------------------------------------------------------
+
+# tests/settings_sharded.py: alias default (DATABASE_URL) holds shards 0-31, second
+# (SECOND_DATABASE_URL) 32-63; the demo's own tables (demo_execution) are on default.
+SHARDED_SETTINGS = "tests.settings_sharded"
+ALIASES = ("default", "second")
+
+
+def alias_of(job_id: str) -> str:
+    """The alias of a job's shard (its id's low 6 bits, as the ``shard`` column computes it)."""
+    return "second" if uuid.UUID(job_id).int & 63 >= 32 else "default"
+
+
+class Spread:
+    """A scenario's two databases read as one: ``one()`` adds up, ``q()`` concatenates.
+
+    ``merged()`` copies the rows :func:`check` reads (jobs, attempts, expectations from both,
+    executions from ``default``) into a third database, so that the same checks run unchanged.
+    """
+
+    def __init__(self, dbs: dict[str, DB], check_url: str):
+        self.dbs = dbs
+        self.check_url = check_url
+
+    def q(self, sql: str, params=None):
+        return [row for db in self.dbs.values() for row in db.q(sql, params)]
+
+    def one(self, sql: str, params=None):
+        return sum(db.one(sql, params) or 0 for db in self.dbs.values())
+
+    def merged(self) -> DB:
+        out = DB(self.check_url)
+        out.q("TRUNCATE cron_at_scale_jobattempt, cron_at_scale_job, fault_expected, demo_execution CASCADE")
+        for table, skip in (("cron_at_scale_job", ()), ("cron_at_scale_jobattempt", ("id",)),
+                            ("fault_expected", ()), ("demo_execution", ("id",))):
+            for alias, db in self.dbs.items():
+                if table == "demo_execution" and alias != "default":
+                    continue
+                _copy_rows(db, out, table, skip)
+        return out
+
+    def close(self):
+        for db in self.dbs.values():
+            db.close()
+
+
+def _copy_rows(src: DB, dst: DB, table: str, skip: tuple[str, ...]) -> None:
+    """Every row of ``table`` from ``src`` into ``dst`` (COPY), without generated columns or ``skip``."""
+    import io  # noqa: PLC0415
+
+    cols = ", ".join(f'"{c}"' for (c,) in src.q(
+        """SELECT column_name FROM information_schema.columns WHERE table_schema = 'public' AND table_name = %s
+           AND is_generated = 'NEVER' ORDER BY ordinal_position""", (table,)) if c not in skip)
+    buf = io.StringIO()
+    with src.conn.cursor() as cur:
+        cur.copy_expert(f"COPY (SELECT {cols} FROM {table}) TO STDOUT", buf)
+    buf.seek(0)
+    with dst.conn.cursor() as cur:
+        cur.copy_expert(f"COPY {table} ({cols}) FROM STDIN", buf)
+
+
+# ---------------------------------------------------------------------------
 # Waiting and checking
 # ---------------------------------------------------------------------------
 
 
-def wait_settled(db: DB, timeout: float, system: System | None = None) -> float:
+def wait_settled(db: DB | Spread, timeout: float, system: System | None = None) -> float:
     """Wait until every expected one-off job left pending/in_progress; return the seconds waited."""
     t0 = time.monotonic()
     deadline = t0 + timeout
@@ -651,8 +731,15 @@ class Report:
                 + (f"; PROBLEMS: {self.problems}" if self.problems else ""))
 
 
-def check(db: DB, scenario: str) -> Report:
-    """What the promise says, read from the database; ``problems`` lists every violation."""
+def check(db: DB | Spread, scenario: str) -> Report:
+    """What the promise says, read from the database; ``problems`` lists every violation.
+    On a :class:`Spread`, read from the rows of both databases copied into one."""
+    if isinstance(db, Spread):
+        merged = db.merged()
+        try:
+            return check(merged, scenario)
+        finally:
+            merged.close()
     r = Report(scenario)
     p = r.problems
     r.jobs = db.one("SELECT count(*) FROM fault_expected")

@@ -1008,3 +1008,107 @@ def test_sustained_overload_does_not_amplify(env):
     # What the workers drain in a dispatch lease, with a loaded box's slack, plus a batch in flight.
     assert depth.peak <= 1.5 * capacity * lease + batch, f"broker peak {depth.peak} ({figures})"
     assert rss.peak - rss0 <= 64, f"worker memory grew {rss0:.0f} -> {rss.peak:.0f} MiB ({figures})"
+
+
+# ---------------------------------------------------------------------------
+# Two clusters: the shards split over two PostgreSQL clusters (SHARD_DATABASES), a dispatcher on
+# each; the same checks, on the rows of both (faultkit.Spread)
+# ---------------------------------------------------------------------------
+
+
+def two_clusters(env2, settings: dict, workers: tuple[str, ...] = ("wa", "wb")):
+    s = env2.system(settings)
+    for w in workers:
+        s.worker(w)
+    s.dispatcher("d-default", database="default")
+    s.dispatcher("d-second", database="second")
+    s.wait_workers(list(workers))
+    return s
+
+
+def lateness_on(env2, alias: str, due_after=None, due_before=None) -> list[float]:
+    """Seconds from fire time to first execution of each executed job of ``alias``'s shards, due in
+    ``[due_after, due_before)`` (database times); the executions are in ``default``'s demo_execution."""
+    where, params = "", []
+    if due_after is not None:
+        where, params = " WHERE fire_at >= %s AND fire_at < %s", [due_after, due_before]
+    expected = dict(env2.db.dbs[alias].q("SELECT job_id::text, fire_at FROM fault_expected" + where, params))
+    first = dict(env2.db.dbs["default"].q("SELECT job_id::text, min(executed_at) FROM demo_execution GROUP BY 1"))
+    return sorted((first[j] - at).total_seconds() for j, at in expected.items() if j in first)
+
+
+def test_two_clusters_worker_killed_mid_task(env2):
+    s = two_clusters(env2, BASE)
+    t0 = time.monotonic()
+    sleepers = [(0.5 + 10 * i / 119, "demo.tasks.sleep", {"seconds": round(0.2 + 0.1 * (i % 4), 1)}) for i in range(120)]
+    schedule_once(env2.db, burst(1200, 10) + sleepers)
+    sleep_until(t0, 4.0)
+    deadline, victim = time.monotonic() + 5, None
+    while victim is None and time.monotonic() < deadline:
+        for _, _, worker in running_attempts(env2.db):
+            victim = s.group_of(pid_of(worker))
+            if victim:
+                break
+        time.sleep(0.02)
+    assert victim, "no task in flight to kill"
+    s.kill9(victim)
+    s.worker("wc")
+    r = finish(env2, s, "two clusters: worker kill -9 mid-task", t0, extra={"killed": victim})
+    assert r.lost_attempts >= 1, "the kill hit no attempt: the scenario tested nothing"
+    ran = {alias: len(lateness_on(env2, alias)) for alias in faultkit.ALIASES}
+    assert all(ran.values()), f"jobs of one cluster never ran: {ran}"
+
+
+def test_two_clusters_dispatcher_of_one_killed_between_claim_and_publish(env2):
+    """The second cluster's dispatcher dies three times right after committing a claim: its runs are
+    reaped and fired again; the first cluster's dispatcher goes on firing its own on time."""
+    s = env2.system(BASE)
+    s.worker("wa")
+    s.worker("wb")
+    s.dispatcher("d-default", database="default")
+    s.wait_workers(["wa", "wb"])
+    t0 = time.monotonic()
+    schedule_once(env2.db, burst(1500, 8))
+    for i in range(3):
+        sleep_until(t0, 1.0 + 1.5 * i)
+        p = s.dispatcher(f"crash{i}", failpoints="dispatcher.after_claim", database="second")
+        p.wait(30)
+        assert p.returncode == 137, f"the failpoint did not fire:\n{s.log(f'crash{i}')}"
+    claimed = env2.db.dbs["second"].one("SELECT count(*) FROM cron_at_scale_jobattempt")
+    s.dispatcher("d-second", database="second")
+    r = finish(env2, s, "two clusters: one's dispatcher kill -9 after claim", t0,
+               extra={"claimed_then_killed": claimed}, max_lateness=60)
+    assert claimed > 0 and r.lost_attempts >= claimed
+    on_time = lateness_on(env2, "default")
+    assert on_time and on_time[-1] < 5.0, (
+        f"the first cluster's jobs waited for the second's dispatcher: max lateness {on_time[-1]:.2f}s")
+
+
+def test_two_clusters_one_stopped_while_the_other_fires_on_time(env2):
+    """``pg_ctl stop -m immediate`` of the second cluster for OUTAGE seconds during a burst: the first's
+    jobs due meanwhile run on time, the second's after it is back; nothing lost, nothing twice."""
+    outage = 12.0
+    s = two_clusters(env2, BASE)
+    t0 = time.monotonic()
+    schedule_once(env2.db, burst(2000, 20))
+    sleep_until(t0, 4.0)
+    second = env2.db.dbs["second"]
+    down_at = env2.db.dbs["default"].one("SELECT statement_timestamp()")
+    env2.pg2.halt("immediate")
+    time.sleep(outage)
+    env2.pg2.start()
+    up_at = env2.db.dbs["default"].one("SELECT statement_timestamp()")
+    second.one("SELECT 1")  # reconnects
+    r = finish(env2, s, "two clusters: one stopped -m immediate", t0, max_lateness=90,
+               extra={"outage_s": outage})
+    dead = [n for n in s.procs if not s.alive(n)]
+    assert not dead, f"processes died with one cluster: {dead}\n{s.logs()}"
+    during = lateness_on(env2, "default", down_at, up_at)
+    after = lateness_on(env2, "second", up_at, up_at + (up_at - down_at) * 10)
+    print(f"[faults] two clusters, second stopped {outage:.0f}s: first's jobs due meanwhile {len(during)}, "
+          f"lateness p50 {during[len(during) // 2]:.2f}s max {during[-1]:.2f}s; second's due after it {len(after)}")
+    assert len(during) > 100, f"too few of the first cluster's jobs fell due during the outage: {len(during)}"
+    assert during[-1] < outage / 2, (
+        f"the first cluster's jobs waited for the second: max lateness {during[-1]:.2f}s of a {outage:.0f}s outage")
+    assert after, "none of the second cluster's jobs due after its restart ran"
+    assert r.executions >= r.jobs
