@@ -190,9 +190,15 @@ class BatchCompleter:
         with self.cond:
             n = len(self.done)
             aliases = list(dict.fromkeys(d[2] for d in self.done))
+        failed = None
         for alias in aliases:  # one statement per database (SHARD_DATABASES), else one
-            with conf.using(alias):
-                self._write(None, 0, "", None)
+            try:
+                with conf.using(alias):
+                    self._write(None, 0, "", None)
+            except Exception as e:  # one database down: the others' completions are still written
+                failed = failed or e
+        if failed is not None:
+            raise failed
         return n
 
     def _write(self, job_id: str | None, attempt: int, worker: str, token: str | None):

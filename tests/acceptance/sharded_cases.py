@@ -222,6 +222,40 @@ def test_a_cluster_stopped_leaves_the_other_firing_and_loses_nothing(processes, 
     assert during[-1] < 5.0, f"default's jobs waited for second's outage: {during[-5:]}"
 
 
+def test_a_heartbeat_renews_one_databases_leases_while_another_is_down(second_cluster):
+    from cron_at_scale.models import JobAttempt
+    from cron_at_scale.worker.attempts import BatchCompleter
+    from cron_at_scale.worker.middleware.context import JobContext
+    from cron_at_scale.worker.middleware.lease import Heartbeat
+
+    jobs = cron_at_scale.schedule_many([{"task": noop, "args": [i], "at": FAR} for i in range(40)])
+    one = {alias: next(j for j in jobs if conf.alias_of_job(j.id) == alias) for alias in ("second", "default")}
+    hb = Heartbeat()
+    for alias, job in one.items():  # second's run first: its failure must not skip default's
+        JobAttempt.objects.using(alias).create(job_id=job.id, attempt=1, scheduled_at=job.fire_at,
+                                               outcome="running", locked_until=job.fire_at)
+        hb.add(JobContext(job_id=job.id, attempt=1, fire_at=job.fire_at, schedule_type="once", retries=0,
+                          max_retries=None))
+    second_cluster.halt("immediate")
+    try:
+        with pytest.raises(Exception):  # noqa: B017, PT011 - whichever error the dead connection gives
+            hb.beat()
+        renewed = JobAttempt.objects.using("default").get(job_id=one["default"].id).locked_until
+        assert renewed < FAR, "the heartbeat did not renew the run on the database that is up"
+        completer = BatchCompleter()
+        for alias, job in one.items():  # and the completions: second's first again
+            with conf.using(alias):
+                completer.write_later(str(job.id), 1)
+        with pytest.raises(Exception):  # noqa: B017, PT011
+            completer.flush()
+        outcome = JobAttempt.objects.using("default").get(job_id=one["default"].id).outcome
+        assert outcome == "succeeded", "the completion on the database that is up was not written"
+        assert [d[2] for d in completer.done] == ["second"], completer.done
+    finally:
+        second_cluster.start()
+        connections["second"].close()
+
+
 def test_the_admin_lists_each_databases_jobs_and_acts_on_a_job_where_it_lives():
     from django.contrib.auth.models import User
     from django.test import Client

@@ -58,14 +58,17 @@ class Heartbeat:
         by_alias: dict[str, list[tuple[str, int]]] = {}
         for k in running:  # one statement per database (SHARD_DATABASES), else one
             by_alias.setdefault(conf.alias_of_job(k[0]), []).append(k)
-        rows = []
+        rows, failed = [], None
         for alias, keys in by_alias.items():
-            with conf.using(alias):
-                rows += db.run("heartbeat", {
-                    "lease": lease,
-                    "job_ids": [k[0] for k in keys],
-                    "attempts": [k[1] for k in keys],
-                })
+            try:
+                with conf.using(alias):
+                    rows += db.run("heartbeat", {
+                        "lease": lease,
+                        "job_ids": [k[0] for k in keys],
+                        "attempts": [k[1] for k in keys],
+                    })
+            except Exception as e:  # one database down must not cost the others' runs their leases
+                failed = failed or e
         took = time.monotonic() - t0
         if took > (lease - interval) / 2:  # the lease holds while took < RUN_LEASE - HEARTBEAT_INTERVAL
             log.warning("heartbeat of %d running attempts took %.1fs: the run lease (%.0fs) leaves %.1fs beyond "
@@ -80,6 +83,8 @@ class Heartbeat:
                 ctx.lease_lost = True
                 log.warning("job %s attempt %d: lease lost (reaped while running, the job fired again); "
                             "its success will still be recorded", row.job_id, row.attempt)
+        if failed is not None:
+            raise failed
 
 
 def beat_on(thread_host, heartbeat: Heartbeat) -> Heartbeat:
