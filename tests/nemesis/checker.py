@@ -42,6 +42,7 @@ bounds table of docs/guarantees.md, plus the slack of :data:`LIMITS`.
 from __future__ import annotations
 
 import json
+import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -78,11 +79,19 @@ LIMITS = {
 
 # Faults that can make a running attempt's lease expire: on the node that runs it, or on PostgreSQL.
 NODE_LEASE_LOSS = ("kill", "clock", "exit", "stop", "partition_pg")
-SERVER_LEASE_LOSS = ("pg_restart", "failover")
+SERVER_LEASE_LOSS = ("pg_restart", "failover", "pg2_restart")
+# A crash of the second cluster (shards 32-63, run(databases=2)) excuses nothing of the first's jobs:
+# they keep firing, running and completing meanwhile.
+SECOND_ONLY = ("pg2_restart",)
 # Faults that kill a node's processes (a clock fault restarts the node when applied and when healed).
 DEATH = ("kill", "clock", "exit")
 # Faults during which a node cannot write to PostgreSQL (its completions wait).
 NODE_NO_DB = ("stop", "partition_pg")
+
+
+def _hurts(f: dict, job: str | None) -> bool:
+    """Whether fault ``f`` may hurt ``job``: every fault, but a crash of the second cluster only its jobs."""
+    return f["kind"] not in SECOND_ONLY or job is None or int(uuid.UUID(job)) & 63 >= 32
 
 
 def _end(f: dict) -> float:
@@ -118,7 +127,7 @@ def fault_bound(f: dict, ready: float, s: dict, lim: dict) -> float:
     dl, ri, sl = float(s["DISPATCH_LEASE"]), float(s["REAPER_INTERVAL"]), float(s["SHARD_LEASE"])
     begin = max(ready, f["start"])
     kind, target = f["kind"], f.get("target", "")
-    if kind in ("pg_restart", "failover", "broker_restart"):
+    if kind in ("pg_restart", "failover", "broker_restart", "pg2_restart"):
         return max(max(ready, _end(f)) + lim["reconnect"], begin + dl) + ri
     if target.startswith("w"):
         return begin + dl + ri
@@ -143,7 +152,7 @@ class Violation:
 
 
 def allowed_start(due: float, start: float, lost_unstarted: int, faults: list[dict], s: dict,
-                  lim: dict) -> tuple[float, list[dict]]:
+                  lim: dict, job: str | None = None) -> tuple[float, list[dict]]:
     """The latest first start (UNIX seconds) of a run due at ``due`` that started at ``start`` after
     ``lost_unstarted`` earlier attempts of it were lost before any worker started them; and the faults
     that cover it (begun before ``start``, ended at most ``reconnect`` seconds before ``due``).
@@ -154,10 +163,10 @@ def allowed_start(due: float, start: float, lost_unstarted: int, faults: list[di
     later unstarted losses add their doubled dispatch leases (``DISPATCH_LEASE`` x 2^k, k <= 4), and
     the first is in the bound of a fault still active at ``due`` or, with none, one ``DISPATCH_LEASE``
     from when the run was ready.
-    Then ``slack``, and ``slack_per_fault`` per covering fault.
+    Then ``slack``, and ``slack_per_fault`` per covering fault. ``job``: only the faults that may hurt it.
     """
     dl, ri = float(s["DISPATCH_LEASE"]), float(s["REAPER_INTERVAL"])
-    cov = sorted((f for f in faults if f["start"] <= start and _end(f) + lim["reconnect"] >= due),
+    cov = sorted((f for f in faults if f["start"] <= start and _end(f) + lim["reconnect"] >= due and _hurts(f, job)),
                  key=lambda f: f["start"])
     t = due
     for f in cov:
@@ -396,7 +405,7 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
         occ = round(due_db, 3) if planned[job]["kind"].startswith("cron") else None
         lost = sum(1 for a in unstarted.get((job, occ), []) if a < first)
         due = real(due_db) or due_db
-        allowed, cov = allowed_start(due, start, lost, faults, sett, lim)
+        allowed, cov = allowed_start(due, start, lost, faults, sett, lim, job)
         # the bound is the dispatch's (claimed for the broker); the start may then wait for a free slot
         dispatched = (attempts.get((job, first)) or {}).get("dispatched_at")
         if dispatched is not None and dispatched <= allowed:
@@ -435,11 +444,13 @@ def _check_reruns(starts, ends, attempts, planned, cancels, jobs, faults, s, lim
     rl, hb = float(s["RUN_LEASE"]), float(s["HEARTBEAT_INTERVAL"])
     pids = {x["pid"]: x["node"] for xs in starts.values() for x in xs if x.get("node")}  # pool process -> node
 
-    def lease_faults(node, t0, t1):
-        """Faults that could make an attempt running on ``node`` from ``t0`` lose its lease by ``t1``:
+    def lease_faults(node, t0, t1, job):
+        """Faults that could make an attempt of ``job`` running on ``node`` from ``t0`` lose its lease by ``t1``:
         begun by ``t1``, not ended before ``t0``, and ``t1`` at least a lease after the last renewal."""
         out = []
         for f in faults:
+            if not _hurts(f, job):
+                continue
             if not (f["kind"] in SERVER_LEASE_LOSS
                     or f["kind"] in NODE_LEASE_LOSS and (node is None or f.get("target") == node)):
                 continue
@@ -469,7 +480,7 @@ def _check_reruns(starts, ends, attempts, planned, cancels, jobs, faults, s, lim
                     continue
                 # the lease began at the start's commit: before the ledger line if the worker stalled between
                 began = min(first["wall"], row.get("started_at") or first["wall"])
-                if lease_faults(first.get("node"), began, again["wall"]):
+                if lease_faults(first.get("node"), began, again["wall"], job):
                     continue
                 add("rerun_without_lost_lease", job, again["wall"],
                     f"attempt {k} (node {first.get('node')}, started {first['wall']:.2f}, outcome "
@@ -481,7 +492,7 @@ def _check_reruns(starts, ends, attempts, planned, cancels, jobs, faults, s, lim
     for (job, a), row in attempts.items():
         if row.get("outcome") != "lost" or row.get("started_at") is None or row.get("finished_at") is None:
             continue
-        if not lease_faults(_node(row.get("worker"), pids), row["started_at"], row["finished_at"]):
+        if not lease_faults(_node(row.get("worker"), pids), row["started_at"], row["finished_at"], job):
             add("lost_without_fault", job, row["finished_at"],
                 f"attempt {a} started {row['started_at']:.2f} on {row.get('worker')} reaped as lost "
                 f"{row['finished_at'] - row['started_at']:.2f}s later (RUN_LEASE {rl:g}s); faults near: "
@@ -505,7 +516,8 @@ def _check_reruns(starts, ends, attempts, planned, cancels, jobs, faults, s, lim
             e, node = line["wall"], line.get("node")
             deadline = e + lim["completion_window"]
             for f in sorted(faults, key=lambda f: f["start"]):  # the write waits while its node cannot reach PG
-                if (f["kind"] in SERVER_LEASE_LOSS or f["kind"] in NODE_NO_DB and f.get("target") in (node, None)
+                if (f["kind"] in SERVER_LEASE_LOSS and _hurts(f, job)
+                        or f["kind"] in NODE_NO_DB and f.get("target") in (node, None)
                         or node is None and f["kind"] in NODE_NO_DB) and f["start"] <= deadline and _end(f) >= e:
                     deadline = max(deadline, _end(f) + lim["reconnect"])
             died = [f for f in faults if f["kind"] in DEATH and (node is None or f.get("target") == node)

@@ -1,5 +1,9 @@
 """The nodes of a nemesis run: PostgreSQL primary (+ streaming standby), Redis, dispatchers, workers.
 
+With ``databases=2`` the 64 shards are on two clusters (``tests.settings_sharded``): shards 0-31 on the
+first (the pair above), 32-63 on a second primary of its own, without a standby; the dispatchers
+take turns between the two (``--database default``, ``--database second``, ...).
+
 Each dispatcher and worker may run in its own network namespace (``ip netns``)
 joined to the host by a veth pair; PostgreSQL and Redis also listen on the
 host side's address, so a partition is a ``tc`` filter inside the node's
@@ -21,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import faultkit
+
+from . import schedule
 
 # Short leases so that a fault costs seconds (see tests/faults/test_faults.py BASE and cron_at_scale/conf.py).
 SETTINGS = {"DISPATCH_LEASE": 6.0, "RUN_LEASE": 4.0, "HEARTBEAT_INTERVAL": 1.0, "REAPER_INTERVAL": 0.5,
@@ -175,13 +181,34 @@ class StandbyPostgres(faultkit.PrivatePostgres):
                   "-D", str(self.data), "-R", "-X", "stream", "-c", "fast", timeout=300)
 
 
+class _Background(threading.Thread):
+    """``fn()`` in a thread; ``join()`` raises what it raised."""
+
+    def __init__(self, fn):
+        super().__init__(daemon=True)
+        self.fn, self.error = fn, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.fn()
+        except BaseException as e:  # noqa: BLE001 (raised again in join)
+            self.error = e
+
+    def join(self, timeout: float | None = None) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
+
+
 class Cluster:
     """Everything a run starts; ``close()`` stops it all (also after a failure)."""
 
     def __init__(self, run_dir: Path, dispatchers: int = 2, workers: int = 2, netns: bool = True,
                  standby: bool = True, settings: dict | None = None, fsync: bool = True,
-                 bound_kinds: tuple[str, ...] = ()):
+                 bound_kinds: tuple[str, ...] = (), databases: int = 1):
         self.run_dir = run_dir
+        self.databases = databases
         self.log_dir = run_dir / "logs"
         self.ledger_dir = run_dir / "ledger"
         self.ledger_dir.mkdir(parents=True, exist_ok=True)
@@ -194,6 +221,7 @@ class Cluster:
         self.pg: faultkit.PrivatePostgres | None = None
         self.standby: faultkit.PrivatePostgres | None = None
         self.standby_ready = threading.Event()
+        self.pg2: faultkit.PrivatePostgres | None = None  # shards 32-63 (databases=2)
         self.redis: faultkit.PrivateRedis | None = None
         self.system: faultkit.System | None = None
         self.offsets: dict[str, float] = {}  # node -> fake clock offset it runs with now
@@ -205,9 +233,9 @@ class Cluster:
         self._spawned = 0
         # The faults with bounds of their own (schedule.BOUND_KINDS), set up only when asked for:
         # db_clock runs both servers under libfaketime, slow_link puts each worker behind proxies.
-        self.bound_kinds = bound_kinds
+        self.bound_kinds = tuple(k for k in bound_kinds if not schedule.unavailable(k, databases))
         self.clock_control: Path | None = None
-        self.why_no_db_clock = "" if "db_clock" in bound_kinds else "not asked for"
+        self.why_no_db_clock = "" if "db_clock" in self.bound_kinds else "not asked for"
         self.links: dict[str, list[faultkit.SlowLink]] = {}  # worker -> its proxies, one per PostgreSQL port
 
     # -- start -------------------------------------------------------------
@@ -238,8 +266,17 @@ class Cluster:
                 self.clock_control = ctl / "faketime.rc"
             except faultkit.Unavailable as e:
                 self.why_no_db_clock = str(e)
+        second = None
+        if self.databases > 1:
+            self.pg2 = faultkit.PrivatePostgres()
+            self.pg2.listen, self.pg2.hba_extra = self.pg.listen, self.pg.hba_extra
+            self.pg2.extra_opts = "-c fsync=on -c full_page_writes=on" if self.fsync else ""
+            # started and migrated while the first is: the setup's longest steps, side by side
+            second = _Background(lambda: (self.pg2.start(), faultkit.migrate_template(self.pg2, DB_NAME, self.log_dir)))
         self.pg.start()
         faultkit.migrate_template(self.pg, DB_NAME, self.log_dir)
+        if second is not None:
+            second.join()
         if self.want_standby:
             self._make_standby(self.pg)
         self.redis = faultkit.PrivateRedis()
@@ -281,6 +318,18 @@ class Cluster:
         if not hasattr(self, "_ports_fixed"):
             self._ports_fixed = [self.pg.port] + ([self.standby.port] if self.standby is not None else [])
         return self._ports_fixed
+
+    def db2_url(self, host: str = "127.0.0.1") -> str:
+        """The second cluster (shards 32-63), one server."""
+        return f"postgresql://postgres@{host}:{self.pg2.port}/{DB_NAME}?connect_timeout=5"
+
+    def db_urls(self) -> list[str]:
+        """Each database's URL from this host, the first cluster's first."""
+        return [self.db_url()] + ([self.db2_url()] if self.pg2 is not None else [])
+
+    def database_of(self, name: str) -> str:
+        """The alias dispatcher ``name`` serves: d1, d3, ... the first cluster, d2, d4, ... the second."""
+        return "second" if int(name[1:]) % 2 == 0 else "default"
 
     def broker_url(self, host: str = "127.0.0.1") -> str:
         return f"redis://{host}:{self.redis.port}/0"
@@ -324,6 +373,10 @@ class Cluster:
                "NEMESIS_LEDGER_DIR": str(self.ledger_dir), "NEMESIS_NODE": name, **self.extra_env}
         if "claim_stall" in self.bound_kinds and name.startswith("d"):
             env["CRON_AT_SCALE_FAILPOINTS"] = f"dispatcher.in_claim=stop:{self.run_dir / f'stall-{name}'}"
+        extra = None
+        if self.pg2 is not None:
+            env.update(DJANGO_SETTINGS_MODULE="tests.settings_sharded", SECOND_DATABASE_URL=self.db2_url(host))
+            extra = ["--database", self.database_of(name)]
         with self._lock:
             old = self.system.procs.get(name)
             if old is not None:
@@ -332,7 +385,7 @@ class Cluster:
             if name.startswith("w"):
                 self.system.worker(name, concurrency=2, clock_offset=clock_offset, prefix=prefix, **env)
             else:
-                self.system.dispatcher(name, clock_offset=clock_offset, prefix=prefix, **env)
+                self.system.dispatcher(name, clock_offset=clock_offset, prefix=prefix, extra=extra, **env)
             self.offsets[name] = clock_offset
             self.down.discard(name)
 
@@ -365,6 +418,12 @@ class Cluster:
 
     def pg_start(self) -> None:
         self.pg.start()
+
+    def pg2_stop(self) -> None:
+        crash(self.pg2)
+
+    def pg2_start(self) -> None:
+        self.pg2.start()
 
     def broker_kill(self) -> None:
         self.redis.kill9()
@@ -415,7 +474,7 @@ class Cluster:
                 link.close()
         if self.clock_control is not None:
             shutil.rmtree(self.clock_control.parent, ignore_errors=True)
-        for server in (self.redis, self.standby, self.pg):
+        for server in (self.redis, self.standby, self.pg, self.pg2):
             if server is not None:
                 with contextlib.suppress(Exception):
                     server.stop()

@@ -10,6 +10,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 import faultkit
@@ -21,13 +22,16 @@ from .schedule import (
     BOUND_KINDS,
     EVERY_KIND,
     REQUIRED,
+    REQUIRED_SHARDED,
+    SHARDED_KINDS,
     SLOW_LINK_DELAY,
     Fault,
     covers,
     make_schedule,
     scenario,
+    unavailable,
 )
-from .workload import Workload
+from .workload import Workload, database_of
 
 
 @dataclass
@@ -80,6 +84,8 @@ class Nemesis:
                 c.ns[f.target].block(c.ns[f.target].broker_ip)
             elif f.kind == "pg_restart":
                 c.pg_stop()
+            elif f.kind == "pg2_restart":
+                c.pg2_stop()
             elif f.kind == "broker_restart":
                 c.broker_kill()
             elif f.kind == "failover":
@@ -109,6 +115,8 @@ class Nemesis:
                 c.ns[f.target].unblock()
             elif f.kind == "pg_restart":
                 c.pg_start()
+            elif f.kind == "pg2_restart":
+                c.pg2_start()
             elif f.kind == "broker_restart":
                 c.broker_start()
             elif f.kind == "failover":
@@ -149,7 +157,9 @@ def available_kinds(cluster: Cluster, wanted: list[str]) -> tuple[list[str], dic
     skipped = {}
     kinds = []
     for k in wanted:
-        if k.startswith("partition") and cluster.why_no_netns:
+        if unavailable(k, cluster.databases):
+            skipped[k] = unavailable(k, cluster.databases)
+        elif k.startswith("partition") and cluster.why_no_netns:
             skipped[k] = cluster.why_no_netns
         elif k == "failover" and not cluster.want_standby:
             skipped[k] = "no standby (--no-standby)"
@@ -161,19 +171,25 @@ def available_kinds(cluster: Cluster, wanted: list[str]) -> tuple[list[str], dic
 
 
 def collect(cluster: Cluster, run_dir: Path) -> tuple:
-    db = faultkit.DB(cluster.db_url())
-    try:
-        jobs = {str(r[0]): {"status": r[1], "attempts": r[2], "lost_attempts": r[3]}
-                for r in db.q("SELECT id, status, attempts, lost_attempts FROM cron_at_scale_job")}
-        attempts = {(str(r[0]), r[1]): {"outcome": r[2], "started_at": r[3].timestamp() if r[3] else None,
-                                         "error": r[4][:120], "worker": r[5],
-                                         "finished_at": r[6].timestamp() if r[6] else None,
-                                         "scheduled_at": r[7].timestamp(), "dispatched_at": r[8].timestamp()}
-                    for r in db.q("SELECT job_id, attempt, outcome, started_at, error, worker, finished_at, "
-                                  "scheduled_at, dispatched_at FROM cron_at_scale_jobattempt")}
-        fsync = db.one("SHOW fsync")
-    finally:
-        db.close()
+    """The final rows, of every database (job ids are unique across them)."""
+    jobs: dict = {}
+    attempts: dict = {}
+    fsyncs = []
+    for url in cluster.db_urls():
+        db = faultkit.DB(url)
+        try:
+            jobs.update({str(r[0]): {"status": r[1], "attempts": r[2], "lost_attempts": r[3]}
+                         for r in db.q("SELECT id, status, attempts, lost_attempts FROM cron_at_scale_job")})
+            attempts.update({(str(r[0]), r[1]): {"outcome": r[2], "started_at": r[3].timestamp() if r[3] else None,
+                                                 "error": r[4][:120], "worker": r[5],
+                                                 "finished_at": r[6].timestamp() if r[6] else None,
+                                                 "scheduled_at": r[7].timestamp(), "dispatched_at": r[8].timestamp()}
+                             for r in db.q("SELECT job_id, attempt, outcome, started_at, error, worker, finished_at, "
+                                           "scheduled_at, dispatched_at FROM cron_at_scale_jobattempt")})
+            fsyncs.append(db.one("SHOW fsync"))
+        finally:
+            db.close()
+    fsync = "/".join(fsyncs)  # "on", or "on/on" with two databases
     # The final rows beside the ledger, so that the run can be checked again offline (recheck()).
     (run_dir / "rows.json").write_text(json.dumps({"jobs": jobs, "attempts": [[j, a, r] for (j, a), r in attempts.items()],
                                                    "fsync": fsync}))
@@ -199,31 +215,43 @@ def recheck(run_dir: Path, settings: dict | None = None, limits: dict | None = N
 
 
 def wait_settled(cluster: Cluster, timeout: float) -> float:
-    db = faultkit.DB(cluster.db_url())
+    dbs = [faultkit.DB(url) for url in cluster.db_urls()]
     t0 = time.monotonic()
     try:
         while time.monotonic() - t0 < timeout:
             try:
-                left = db.one("""SELECT count(*) FROM cron_at_scale_job
-                                 WHERE schedule_type = 'once' AND status IN ('pending', 'in_progress')""")
+                left = sum(db.one("""SELECT count(*) FROM cron_at_scale_job
+                                     WHERE schedule_type = 'once' AND status IN ('pending', 'in_progress')""")
+                           for db in dbs)
             except Exception:  # noqa: BLE001
                 left = -1
             if left == 0:
                 break
             time.sleep(1.0)
     finally:
-        db.close()
+        for db in dbs:
+            db.close()
     return time.monotonic() - t0
 
 
-def run(seed: int, minutes: float, dispatchers: int = 2, workers: int = 2, kinds: list[str] | None = None,
+def run(seed: int, minutes: float, dispatchers: int | None = None, workers: int = 2, kinds: list[str] | None = None,
         netns: bool = True, standby: bool = True, keep: bool = False, settle: float = 180.0,
         extra_env: dict | None = None, limits: dict | None = None, per_tick: int = 3,
-        cover: tuple[str, ...] = (), fsync: bool = True) -> Outcome:
-    """``cover``: scenarios scheduled first (:data:`schedule.REQUIRED`); ``fsync``: PostgreSQL's own."""
+        cover: tuple[str, ...] = (), fsync: bool = True, databases: int = 1,
+        gap: tuple[float, float] | None = None) -> Outcome:
+    """``cover``: scenarios scheduled first (:data:`schedule.REQUIRED`); ``fsync``: PostgreSQL's own.
+
+    ``databases=2``: the shards on two clusters, two dispatchers for each unless ``dispatchers`` says
+    otherwise (one would leave its database's shards unleased while it is down), and the second
+    cluster's crash (``pg2_restart``) among the default kinds. ``gap``: seconds between two faults.
+    """
     run_dir = Path(tempfile.mkdtemp(prefix=f"nemesis-{seed}-", dir="/tmp"))
+    if dispatchers is None:
+        dispatchers = 2 * databases
+    if kinds is None and databases > 1:
+        kinds = list(ALL_KINDS + SHARDED_KINDS)
     cluster = Cluster(run_dir, dispatchers, workers, netns=netns, standby=standby, fsync=fsync,
-                      bound_kinds=tuple(k for k in BOUND_KINDS if k in (kinds or ALL_KINDS)))
+                      bound_kinds=tuple(k for k in BOUND_KINDS if k in (kinds or ALL_KINDS)), databases=databases)
     cluster.extra_env = dict(extra_env or {})
     stop = threading.Event()
     try:
@@ -231,14 +259,20 @@ def run(seed: int, minutes: float, dispatchers: int = 2, workers: int = 2, kinds
         cluster.start()
         use, skipped = available_kinds(cluster, list(kinds or ALL_KINDS))
         schedule = make_schedule(seed, minutes, cluster.node_names, use, leases=cluster.settings["DISPATCH_LEASE"],
-                                 cover=cover)
+                                 cover=cover, **({"gap": gap} if gap else {}),
+                                 **({"first": ("failover",)} if databases > 1 else {}))
+        if databases > 1:
+            _say("two databases: shards 0-31 on the first cluster (dispatchers "
+                 + ", ".join(n for n in cluster.node_names if n[0] == "d" and cluster.database_of(n) == "default")
+                 + "), 32-63 on the second ("
+                 + ", ".join(n for n in cluster.node_names if n[0] == "d" and cluster.database_of(n) == "second") + ")")
         _say(f"seed {seed}, {minutes} min, nodes {cluster.node_names}, run dir {run_dir}, "
              f"setup {time.monotonic() - t_setup:.0f}s, partitions: "
              f"{'netns + blackhole routes' if not cluster.why_no_netns else 'off (' + cluster.why_no_netns + ')'}")
         for k, why in skipped.items():
             _say(f"fault kind {k} skipped: {why}")
         _say("schedule:\n" + "\n".join("    " + f.describe() for f in schedule))
-        wl = Workload(cluster.db_url(), run_dir, seed)
+        wl = Workload(cluster.db_url(), run_dir, seed, cluster.db2_url() if databases > 1 else None)
         wl.per_tick = per_tick
         wl.start()
         t0 = time.monotonic()
@@ -255,6 +289,8 @@ def run(seed: int, minutes: float, dispatchers: int = 2, workers: int = 2, kinds
         res = checker.check(ledger, jobs, attempts, workload, faults, limits,
                             max_lost=int(cluster.settings["MAX_LOST_ATTEMPTS"]), settings=cluster.settings)
         res.stats["fsync"] = fsync_now
+        if databases > 1:
+            _two_cluster_stats(res, jobs, ledger, faults)
         applied = [f for f in faults if not f.get("error")]
         missing = [m for m in covers(applied, cover) if m.split(":")[0] in use]
         res.notes.append("scenarios covered: " + ", ".join(
@@ -278,6 +314,23 @@ def run(seed: int, minutes: float, dispatchers: int = 2, workers: int = 2, kinds
             pass
 
 
+def _two_cluster_stats(res: checker.Result, jobs: dict, ledger: list[dict], faults: list[dict]) -> None:
+    """Each cluster fired (its one-off jobs completed), and how the first's runs due while the second
+    was down fared (the checker holds them to their bounds; these are the figures)."""
+    for i, name in enumerate(("default", "second")):
+        res.stats[f"completed_{name}"] = sum(1 for j, r in jobs.items() if r["status"] == "completed"
+                                             and database_of(j) == i)
+    down = [(f["start"], f["heal"]) for f in faults if f["kind"] == "pg2_restart" and not f.get("error")]
+    first: dict = {}  # (job, due) -> its first start, for the first cluster's runs
+    for line in ledger:
+        if line["ev"] == "start" and database_of(line["job"]) == 0:
+            due = datetime.fromisoformat(line.get("occurrence") or line["fire_at"]).timestamp()
+            first[(line["job"], due)] = min(first.get((line["job"], due), line["wall"]), line["wall"])
+    late = [start - due for (_, due), start in first.items() if any(a <= due <= b for a, b in down)]
+    res.stats["default_runs_due_while_second_down"] = len(late)
+    res.stats["their_max_late_s"] = round(max(late, default=0.0), 2)
+
+
 def _count(items) -> dict:
     out: dict = {}
     for x in items:
@@ -291,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tests.nemesis", description=__doc__)
     ap.add_argument("--seed", type=int, default=int(time.time()) % 100000)
     ap.add_argument("--minutes", type=float, default=3.0)
-    ap.add_argument("--dispatchers", type=int, default=2)
+    ap.add_argument("--dispatchers", type=int, default=None, help="default: two for each database")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--kinds", default=",".join(ALL_KINDS),
                     help=f"comma-separated fault kinds, or all (adds {','.join(BOUND_KINDS)})")
@@ -304,15 +357,25 @@ def main(argv: list[str] | None = None) -> int:
                          "first; exit 1 if one is missing")
     ap.add_argument("--fsync-off", action="store_true", help="PostgreSQL with fsync=off (to measure what it costs)")
     ap.add_argument("--keep", action="store_true", help="keep the run directory also when the run passes")
+    ap.add_argument("--databases", type=int, choices=(1, 2), default=1,
+                    help="2: the shards on two clusters (tests.settings_sharded), adds the kind pg2_restart")
+    ap.add_argument("--gap", default="", help="seconds between two faults, MIN,MAX (default 4,9)")
     a = ap.parse_args(argv)
     kinds = list(EVERY_KIND) if a.kinds == "all" else [k for k in a.kinds.split(",") if k]
+    if a.databases > 1 and a.kinds == ",".join(ALL_KINDS):
+        kinds += SHARDED_KINDS
+    cover = (REQUIRED_SHARDED if a.databases > 1 else REQUIRED) + BOUND_KINDS if a.cover else ()
+    gap = tuple(float(x) for x in a.gap.split(",")) if a.gap else None
+    dispatchers = a.dispatchers or 2 * a.databases
     if a.schedule_only:
-        nodes = [f"d{i + 1}" for i in range(a.dispatchers)] + [f"w{i + 1}" for i in range(a.workers)]
-        for f in make_schedule(a.seed, a.minutes, nodes, kinds, cover=REQUIRED + BOUND_KINDS if a.cover else ()):
+        nodes = [f"d{i + 1}" for i in range(dispatchers)] + [f"w{i + 1}" for i in range(a.workers)]
+        kinds = [k for k in kinds if not unavailable(k, a.databases)]
+        for f in make_schedule(a.seed, a.minutes, nodes, kinds, cover=cover, **({"gap": gap} if gap else {}),
+                               **({"first": ("failover",)} if a.databases > 1 else {})):
             print(f.describe())
         return 0
-    out = run(a.seed, a.minutes, a.dispatchers, a.workers, kinds, netns=not a.no_netns, standby=not a.no_standby,
-              per_tick=a.rate, cover=REQUIRED + BOUND_KINDS if a.cover else (), fsync=not a.fsync_off)
+    out = run(a.seed, a.minutes, dispatchers, a.workers, kinds, netns=not a.no_netns, standby=not a.no_standby,
+              per_tick=a.rate, cover=cover, fsync=not a.fsync_off, databases=a.databases, gap=gap)
     ok = out.ok and not out.missing
     print(f"\n=== nemesis seed {a.seed}, {a.minutes} min: {'OK' if ok else 'VIOLATIONS' if not out.ok else 'MISSING'} ===")
     print(out.result.table())
@@ -320,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\nevidence:")
         print(out.result.evidence())
         print(f"\nrun directory (ledger, workload, faults, logs): {out.run_dir}")
-        print(f"reproduce: python -m tests.nemesis --seed {a.seed} --minutes {a.minutes}")
+        print(f"reproduce: python -m tests.nemesis --seed {a.seed} --minutes {a.minutes}"
+              + (f" --databases {a.databases}" if a.databases > 1 else "") + (f" --gap {a.gap}" if a.gap else ""))
     elif not a.keep:
         shutil.rmtree(out.run_dir, ignore_errors=True)
     return 0 if ok else 1

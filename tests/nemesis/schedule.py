@@ -16,10 +16,27 @@ REQUIRED = ("stop:worker", "kill:worker", "partition_pg:worker", "pg_restart", "
 # transaction, the database host's clock stepped, a worker's link to PostgreSQL slowed. Not in
 # ALL_KINDS (the seeds' schedules stay as they were): --kinds names them, "all" is every kind.
 BOUND_KINDS = ("claim_stall", "db_clock", "slow_link")
-EVERY_KIND = ALL_KINDS + BOUND_KINDS
+# With the shards on two clusters (run(databases=2)): the second cluster's primary crashed and
+# restarted. Only a two-cluster run schedules it; REQUIRED_SHARDED is what such a run covers.
+SHARDED_KINDS = ("pg2_restart",)
+REQUIRED_SHARDED = REQUIRED + SHARDED_KINDS
+EVERY_KIND = ALL_KINDS + BOUND_KINDS + SHARDED_KINDS
 ONLY_ON = {"claim_stall": "d", "slow_link": "w"}  # node kinds for dispatchers or workers only
 SERVER_KINDS["db_clock"] = "pg"
+SERVER_KINDS["pg2_restart"] = "pg2"
 SLOW_LINK_DELAY = 0.3  # seconds a chunk waits, each way (the review's figure)
+# The kinds a two-cluster run leaves out: their proxies and faked clock are the first cluster's alone
+# (the checker would read the second's times through the first's clock).
+SINGLE_CLUSTER_KINDS = ("db_clock", "slow_link")
+
+
+def unavailable(kind: str, databases: int) -> str:
+    """Why ``kind`` cannot run with ``databases`` clusters ('' when it can)."""
+    if kind in SHARDED_KINDS and databases < 2:
+        return "one database (--databases 2 adds the second cluster)"
+    if kind in SINGLE_CLUSTER_KINDS and databases > 1:
+        return "single-cluster only"
+    return ""
 
 
 @dataclass
@@ -51,7 +68,7 @@ def _duration(rng: random.Random, kind: str, leases: float) -> float:
         return rng.uniform(leases + 1.0, leases + 14.0)  # well past the shard lease
     if kind in ("db_clock", "slow_link"):
         return rng.uniform(10.0, 25.0)
-    if kind == "pg_restart":
+    if kind in ("pg_restart", "pg2_restart"):
         return rng.uniform(1.0, 6.0)
     if kind == "broker_restart":
         return rng.uniform(1.0, 5.0)
@@ -75,16 +92,20 @@ def covers(faults, want) -> list[str]:
 
 
 def make_schedule(seed: int, minutes: float, nodes: list[str], kinds: list[str], gap: tuple[float, float] = (4.0, 9.0),
-                  warmup: float = 6.0, leases: float = 6.0, cover: tuple[str, ...] = ()) -> list[Fault]:
+                  warmup: float = 6.0, leases: float = 6.0, cover: tuple[str, ...] = (),
+                  first: tuple[str, ...] = ()) -> list[Fault]:
     """One fault every ``gap`` seconds over ``minutes``; a node or server is never hurt twice at once.
 
     A failover keeps PostgreSQL busy for 30 s (the new standby's base backup), so nothing else
     touches PostgreSQL meanwhile. ``cover``: scenarios (:data:`REQUIRED`) scheduled first, in a
-    seeded order, each as soon as its target is free. Same arguments, same schedule.
+    seeded order, each as soon as its target is free; those also in ``first`` before the others (a
+    failover early enough that a restart of PostgreSQL still fits after it in a short run). Same
+    arguments, same schedule.
     """
     rng = random.Random(seed)
     todo = [c for c in cover if c.split(":")[0] in kinds]
     rng.shuffle(todo)
+    todo.sort(key=lambda c: c not in first)
     free_at: dict[str, float] = {}
     out: list[Fault] = []
     t = warmup

@@ -1,6 +1,7 @@
 """The nemesis run under pytest: a short seed for CI, and the checker's self-tests.
 
-``NEMESIS_SEED`` / ``NEMESIS_MINUTES`` choose the run (default seed 11, 2 minutes).
+``NEMESIS_SEED`` / ``NEMESIS_MINUTES`` choose the run (default seed 11, 2 minutes);
+``NEMESIS_MINUTES_SHARDED`` the two-cluster run's (1 minute).
 A failure prints the schedule, the table and the evidence; the same seed
 replays the same schedule (``python -m tests.nemesis --seed S --minutes M``).
 """
@@ -14,16 +15,20 @@ import pytest
 
 from . import checker
 from .run import run
-from .schedule import ALL_KINDS, BOUND_KINDS, REQUIRED, covers, make_schedule
+from .schedule import ALL_KINDS, BOUND_KINDS, REQUIRED, REQUIRED_SHARDED, SHARDED_KINDS, covers, make_schedule
+from .workload import database_of
 
 pytestmark = [pytest.mark.faults, pytest.mark.nemesis]
 
 SEED = int(os.environ.get("NEMESIS_SEED", "11"))
 MINUTES = float(os.environ.get("NEMESIS_MINUTES", "2"))
+MINUTES_SHARDED = float(os.environ.get("NEMESIS_MINUTES_SHARDED", "1"))
+SHARDED_GAP = (3.0, 5.0)  # denser than a one-cluster run's: every scenario fits in its one minute
+SHARDED_NODES = ["d1", "d2", "d3", "d4", "w1", "w2"]
 
 
-def _report(out) -> str:
-    return (f"seed {SEED}, {MINUTES} min, run dir {out.run_dir}\n" + "\n".join(f.describe() for f in out.schedule)
+def _report(out, minutes: float = MINUTES) -> str:
+    return (f"seed {SEED}, {minutes} min, run dir {out.run_dir}\n" + "\n".join(f.describe() for f in out.schedule)
             + "\n" + out.result.table() + "\n" + out.result.evidence())
 
 
@@ -38,6 +43,25 @@ def test_nemesis_short_seed():
     assert not out.missing, f"required scenarios not applied: {out.missing}\n" + _report(out)
     assert out.result.stats["starts"] > 100, _report(out)
     assert out.ok, _report(out)
+
+
+@pytest.mark.timeout(600)
+def test_nemesis_short_seed_on_two_clusters():
+    """The shards on two clusters (tests.settings_sharded), two dispatchers for each: every required
+    scenario and a crash of the second cluster (the first's jobs keep their bounds meanwhile, the
+    checker excuses nothing of them); every rule holds over both clusters' rows, and both fired."""
+    out = run(SEED, MINUTES_SHARDED, databases=2, cover=REQUIRED_SHARDED, gap=SHARDED_GAP)
+    print("\n" + out.result.table())
+    report = (f"reproduce: python -m tests.nemesis --seed {SEED} --minutes {MINUTES_SHARDED} --databases 2 --cover "
+              f"--gap {','.join(map(str, SHARDED_GAP))}\n" + _report(out, MINUTES_SHARDED))
+    assert out.applied, "no fault was applied: the run tested nothing"
+    assert not [f for f in out.applied if f.get("error")], report
+    assert not out.missing, f"required scenarios not applied: {out.missing}\n" + report
+    assert "pg2_restart" in {f["kind"] for f in out.applied}, report
+    assert out.result.stats["starts"] > 100, report
+    assert out.result.stats["completed_default"] > 0 and out.result.stats["completed_second"] > 0, report
+    assert out.result.stats["default_runs_due_while_second_down"] > 0, report  # the first fired meanwhile
+    assert out.ok, report
 
 
 @pytest.mark.timeout(600)
@@ -69,6 +93,26 @@ def test_schedule_covers_every_required_scenario_in_the_ci_minutes(seed):
         assert not [g for g in a if g is not f and g.target == f.target and f.at <= g.at < f.at + f.duration]
     if seed == 11:
         assert "stop:worker" in covers(make_schedule(seed, MINUTES, nodes, list(ALL_KINDS)), REQUIRED)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_two_cluster_schedule_covers_its_scenarios_in_its_minute(seed):
+    """The second cluster's crash is scheduled beside every required scenario, on its own server
+    (it may overlap a fault of the first's), and only when asked for."""
+    kinds = list(ALL_KINDS + SHARDED_KINDS)
+    a = make_schedule(seed, MINUTES_SHARDED, SHARDED_NODES, kinds, gap=SHARDED_GAP, cover=REQUIRED_SHARDED,
+                      first=("failover",))
+    assert not covers(a, REQUIRED_SHARDED)
+    assert {f.target for f in a if f.kind == "pg2_restart"} == {"pg2"}
+    for f in a:
+        assert not [g for g in a if g is not f and g.target == f.target and f.at <= g.at < f.at + f.duration]
+    assert "pg2_restart" not in {f.kind for f in make_schedule(seed, MINUTES, ["d1", "d2", "w1", "w2"],
+                                                               list(ALL_KINDS), cover=REQUIRED)}
+
+
+def test_the_workload_routes_a_job_by_its_shard():
+    low, high = uuid.UUID(int=(1 << 100) | 31), uuid.UUID(int=(1 << 100) | 32)
+    assert (database_of(str(low)), database_of(str(high))) == (0, 1)
 
 
 def test_the_bounded_faults_hit_their_own_nodes():
@@ -266,3 +310,21 @@ def test_checker_counts_lateness_from_the_fire_time(start, dispatched, late):
     assert ("late" in {v.rule for v in res.violations}) == late, res.evidence()
     if late:
         assert {v.blamed for v in res.violations} == {"stop"}
+
+
+@pytest.mark.parametrize("shard, late", [(40, False), (7, True)])
+def test_checker_excuses_by_a_crash_of_the_second_cluster_only_its_own_jobs(shard, late):
+    """A job due while the second cluster is down may start after its restart if it lives there
+    (shards 32-63); a job of the first cluster is held to its bound without a fault."""
+    ledger, jobs, attempts, workload, faults = _history()
+    old = workload[0]["job"]
+    a = str(uuid.UUID(int=uuid.UUID(old).int & ~63 | shard))
+    for x in ledger + workload:
+        x["job"] = a if x["job"] == old else x["job"]
+    jobs[a] = jobs.pop(old)
+    attempts[(a, 1)] = attempts.pop((old, 1))
+    ledger[0], ledger[1] = _start(a, 1, T + 14, T), _start(a, 1, T + 14.1, T, ev="end")
+    attempts[(a, 1)].update(started_at=T + 14, finished_at=T + 14.1)
+    faults.append({"kind": "pg2_restart", "target": "pg2", "start": T - 1, "heal": T + 6})
+    res = checker.check(ledger, jobs, attempts, workload, faults)
+    assert ("late" in {v.rule for v in res.violations}) == late, res.evidence()

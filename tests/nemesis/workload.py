@@ -4,6 +4,10 @@ Jobs are written straight into the Job table (the columns ``schedule()``
 writes) as ``tests/faults/faultkit.py`` does. What was scheduled and every
 cancel that committed is appended to ``workload.jsonl`` in the run directory,
 outside the jobs' database: the checker's record of intent.
+
+With a second database (``second_url``: shards 32-63, ``tests.settings_sharded``) each job is
+inserted on its shard's database, each database's rows of a tick in a transaction of their own,
+and a cancel goes to its job's database; the two crons are one on each.
 """
 
 from __future__ import annotations
@@ -31,14 +35,20 @@ KINDS = {
     "cancel": ("demo.ledger.record", {}, 3),
 }
 CRONS = {"cron2": "*/2 * * * * *", "cron1": "* * * * * *"}
+HALF = 32  # shards 0-31 on the first database, 32-63 on the second (tests/settings_sharded.py)
+
+
+def database_of(job: str) -> int:
+    """0: the first database, 1: the second (with two); the shard is the id's low 6 bits."""
+    return int(int(uuid.UUID(job)) & 63 >= HALF)
 
 
 class Workload:
-    def __init__(self, db_url: str, run_dir: Path, seed: int):
-        self.db_url = db_url
+    def __init__(self, db_url: str, run_dir: Path, seed: int, second_url: str | None = None):
+        self.db_urls = [db_url] + ([second_url] if second_url else [])
         self.path = run_dir / "workload.jsonl"
         self.rng = random.Random(seed + 1)
-        self.conn = None
+        self.conns: list = [None] * len(self.db_urls)
         self.cancels: list[tuple[float, str]] = []  # (real time to cancel at, job id)
         self.cron_ids: list[str] = []
         self.ticks = self.skipped = 0
@@ -50,35 +60,44 @@ class Workload:
         with open(self.path, "a") as f:
             f.write(json.dumps(rec) + "\n")
 
-    def _cursor(self):
-        if self.conn is None or self.conn.closed:
-            self.conn = psycopg2.connect(self.db_url)
-        return self.conn.cursor()
+    def _db(self, job: str) -> int:
+        return database_of(job) if len(self.db_urls) > 1 else 0
 
-    def _reset(self):
+    def _cursor(self, db: int = 0):
+        if self.conns[db] is None or self.conns[db].closed:
+            self.conns[db] = psycopg2.connect(self.db_urls[db])
+        return self.conns[db].cursor()
+
+    def _reset(self, db: int = 0):
         try:
-            self.conn.close()
+            self.conns[db].close()
         except Exception:  # noqa: BLE001
             pass
-        self.conn = None
+        self.conns[db] = None
 
     def _insert(self, specs: list[tuple[str, float]]) -> None:
-        """Insert ``(kind, seconds from now)`` jobs in one transaction; log them once it committed."""
+        """Insert ``(kind, seconds from now)`` jobs, each database's in one transaction; log them once it committed."""
         rows = []
         for kind, off in specs:
             task, kw, max_retries = KINDS[kind]
             rows.append((str(uuid.uuid4()), kind, float(off), task, json.dumps({"args": [], "kwargs": kw}), max_retries))
+        for db in range(len(self.db_urls)):
+            mine = [r for r in rows if self._db(r[0]) == db]
+            if mine:
+                self._insert_on(db, mine)
+
+    def _insert_on(self, db: int, rows: list[tuple]) -> None:
         try:
-            with self._cursor() as cur:
+            with self._cursor(db) as cur:
                 cur.execute("SELECT statement_timestamp()")
                 (now,) = cur.fetchone()
                 psycopg2.extras.execute_values(cur, """
                     INSERT INTO cron_at_scale_job (id, schedule_type, fire_at, task, payload, options, status, max_retries)
                     VALUES %s""", [(r[0], "once", now + timedelta(seconds=r[2]), r[3], r[4], "{}", "pending", r[5])
                                    for r in rows])
-            self.conn.commit()
+            self.conns[db].commit()
         except psycopg2.Error as e:
-            self._reset()
+            self._reset(db)
             self.skipped += 1
             # The commit may have happened: the checker accepts these jobs whether or not they exist.
             self._log(ev="ambiguous", jobs=[r[0] for r in rows], error=str(e)[:200])
@@ -90,10 +109,13 @@ class Workload:
                 self.cancels.append((time.time() + self.rng.uniform(0.0, r[2] + 3.0), r[0]))
 
     def add_crons(self) -> None:
-        for kind, expr in CRONS.items():
+        for i, (kind, expr) in enumerate(CRONS.items()):
             job = str(uuid.uuid4())
+            while len(self.db_urls) > 1 and database_of(job) != i:  # cron2 on the first, cron1 on the second
+                job = str(uuid.uuid4())
+            db = self._db(job)
             step = 2 if expr.startswith("*/2") else 1
-            with self._cursor() as cur:
+            with self._cursor(db) as cur:
                 cur.execute("""
                     INSERT INTO cron_at_scale_job (id, schedule_type, fire_at, cron_expr, timezone, task, payload, options,
                                                    status, overlap, catchup)
@@ -101,19 +123,20 @@ class Workload:
                             %s, 'UTC', 'demo.ledger.record', '{"args": [], "kwargs": {}}', '{}', 'pending', 'allow', 'all')
                     RETURNING extract(epoch FROM fire_at)""", (job, step, step, expr))
                 (first,) = cur.fetchone()
-            self.conn.commit()
+            self.conns[db].commit()
             self.cron_ids.append(job)
             self._log(ev="job", job=job, kind=kind, fire_at=float(first), step=step, max_retries=3)
 
     def cancel(self, job: str) -> bool | None:
         """Run the cancel statement; log the real time right after its commit. None: not done (database down)."""
+        db = self._db(job)
         try:
-            with self._cursor() as cur:
+            with self._cursor(db) as cur:
                 cur.execute(QUERIES["cancel"], {"job_id": job})
                 done = cur.fetchone() is not None
-            self.conn.commit()
+            self.conns[db].commit()
         except psycopg2.Error:
-            self._reset()
+            self._reset(db)
             return None
         self._log(ev="cancel", job=job, cancelled=done, wall=time.time())
         return done
