@@ -120,8 +120,9 @@ def live_worker_queues() -> set[str] | None:
                           retries=0)
             return {r.queue for r in rows}
     except DatabaseError:
-        if not transaction.get_connection(conf.db_alias()).in_atomic_block:
-            db.reset_connection()  # maybe broken (a restart): the next check reconnects
+        with conf.using(conf.get("DATABASE")):
+            if not transaction.get_connection(conf.db_alias()).in_atomic_block:
+                db.reset_connection()  # maybe broken (a restart): the next check reconnects
         return None
 
 

@@ -156,8 +156,9 @@ class BatchCompleter:
 
         With the shards on several databases (``SHARD_DATABASES``) a pool process held by one
         database's outage is one the others' jobs cannot use: the tries there stop after
-        ``SHARDED_START_HOLD`` seconds, and then, for the rest of half the dispatch lease, a start
-        on that database is tried once (its attempt is fired again after its lease).
+        ``SHARDED_START_HOLD`` seconds, and then, until half a dispatch lease has passed since the
+        last give-up, a start on that database gets one try (its attempt is fired again after its
+        lease); a start that succeeds there ends that.
         """
         token = str(uuid4())
         alias = conf.db_alias()
@@ -185,18 +186,22 @@ class BatchCompleter:
                 pause = min(2.0, pause * 2)
 
     def flush(self) -> int:
-        """Write the completions handed over so far (one statement); return how many.
-        On a database error they stay queued and the error is raised."""
+        """Write the completions handed over so far (one statement per database); return how many.
+        On a database error that database's completions stay queued, its connection is dropped
+        (the next use reconnects), the other databases' are still written, and the first error is
+        raised."""
         with self.cond:
             n = len(self.done)
             aliases = list(dict.fromkeys(d[2] for d in self.done))
         failed = None
         for alias in aliases:  # one statement per database (SHARD_DATABASES), else one
-            try:
-                with conf.using(alias):
+            with conf.using(alias):
+                try:
                     self._write(None, 0, "", None)
-            except Exception as e:  # one database down: the others' completions are still written
-                failed = failed or e
+                except Exception as e:  # one database down: the others' completions are still written
+                    log.warning("writing completed attempts on database %r failed: %s", alias, str(e).strip()[:200])
+                    db.reset_connection()
+                    failed = failed or e
         if failed is not None:
             raise failed
         return n
@@ -234,9 +239,8 @@ class BatchCompleter:
                 self.stopping.wait(COMPLETION_DELAY)
             try:  # keep going: a database blip must end neither the writes nor the periodic work
                 self.flush()
-            except Exception:
+            except Exception:  # flush dropped the failed database's connection
                 log.exception("writing completed attempts failed; trying again")
-                db.reset_connection()
                 time.sleep(0.5)
             for i, (interval, fn) in enumerate(periodic):
                 if time.monotonic() >= due[i]:

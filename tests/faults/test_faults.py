@@ -1076,17 +1076,18 @@ def test_two_clusters_dispatcher_of_one_killed_between_claim_and_publish(env2):
         assert p.returncode == 137, f"the failpoint did not fire:\n{s.log(f'crash{i}')}"
     claimed = env2.db.dbs["second"].one("SELECT count(*) FROM cron_at_scale_jobattempt")
     s.dispatcher("d-second", database="second")
-    r = finish(env2, s, "two clusters: one's dispatcher kill -9 after claim", t0,
-               extra={"claimed_then_killed": claimed}, max_lateness=60)
-    assert claimed > 0 and r.lost_attempts >= claimed
+    finish(env2, s, "two clusters: one's dispatcher kill -9 after claim", t0,
+           extra={"claimed_then_killed": claimed}, max_lateness=60)
+    lost_second = env2.db.dbs["second"].one("SELECT count(*) FROM cron_at_scale_jobattempt WHERE outcome = 'lost'")
+    assert claimed > 0 and lost_second >= claimed, f"{claimed} claimed by the killed dispatchers, {lost_second} reaped"
     on_time = lateness_on(env2, "default")
-    assert on_time and on_time[-1] < 5.0, (
+    assert on_time and on_time[-1] < 8.0, (
         f"the first cluster's jobs waited for the second's dispatcher: max lateness {on_time[-1]:.2f}s")
 
 
 def test_two_clusters_one_stopped_while_the_other_fires_on_time(env2):
     """``pg_ctl stop -m immediate`` of the second cluster for OUTAGE seconds during a burst: the first's
-    jobs due meanwhile run on time, the second's after it is back; nothing lost, nothing twice."""
+    jobs due meanwhile run on time, the second's after it is back; none missed, no attempt run twice."""
     outage = 12.0
     s = two_clusters(env2, BASE)
     t0 = time.monotonic()
@@ -1095,20 +1096,27 @@ def test_two_clusters_one_stopped_while_the_other_fires_on_time(env2):
     second = env2.db.dbs["second"]
     down_at = env2.db.dbs["default"].one("SELECT statement_timestamp()")
     env2.pg2.halt("immediate")
-    time.sleep(outage)
-    env2.pg2.start()
+    try:
+        time.sleep(outage)
+    finally:
+        env2.pg2.start()
     up_at = env2.db.dbs["default"].one("SELECT statement_timestamp()")
     second.one("SELECT 1")  # reconnects
+    # Jobs of the second cluster due after its restart, whatever the restart took.
+    later = [j for j in schedule_once(env2.db, burst(60, 2.0, start=1.0)) if faultkit.alias_of(j) == "second"]
     r = finish(env2, s, "two clusters: one stopped -m immediate", t0, max_lateness=90,
                extra={"outage_s": outage})
     dead = [n for n in s.procs if not s.alive(n)]
     assert not dead, f"processes died with one cluster: {dead}\n{s.logs()}"
     during = lateness_on(env2, "default", down_at, up_at)
     after = lateness_on(env2, "second", up_at, up_at + (up_at - down_at) * 10)
+    ran_later = env2.db.dbs["default"].one("SELECT count(DISTINCT job_id) FROM demo_execution WHERE job_id = ANY(%s::uuid[])",
+                                            (later,))
     print(f"[faults] two clusters, second stopped {outage:.0f}s: first's jobs due meanwhile {len(during)}, "
           f"lateness p50 {during[len(during) // 2]:.2f}s max {during[-1]:.2f}s; second's due after it {len(after)}")
     assert len(during) > 100, f"too few of the first cluster's jobs fell due during the outage: {len(during)}"
     assert during[-1] < outage / 2, (
         f"the first cluster's jobs waited for the second: max lateness {during[-1]:.2f}s of a {outage:.0f}s outage")
-    assert after, "none of the second cluster's jobs due after its restart ran"
+    assert later and after and ran_later == len(later), (
+        f"of the second cluster's {len(later)} jobs scheduled after its restart, {ran_later} ran")
     assert r.executions >= r.jobs

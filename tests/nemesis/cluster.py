@@ -273,10 +273,12 @@ class Cluster:
             self.pg2.extra_opts = "-c fsync=on -c full_page_writes=on" if self.fsync else ""
             # started and migrated while the first is: the setup's longest steps, side by side
             second = _Background(lambda: (self.pg2.start(), faultkit.migrate_template(self.pg2, DB_NAME, self.log_dir)))
-        self.pg.start()
-        faultkit.migrate_template(self.pg, DB_NAME, self.log_dir)
-        if second is not None:
-            second.join()
+        try:
+            self.pg.start()
+            faultkit.migrate_template(self.pg, DB_NAME, self.log_dir)
+        finally:  # also on a failure: close() must not remove the second's directory under its initdb
+            if second is not None:
+                second.join()
         if self.want_standby:
             self._make_standby(self.pg)
         self.redis = faultkit.PrivateRedis()

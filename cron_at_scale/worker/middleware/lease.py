@@ -48,7 +48,9 @@ class Heartbeat:
         db.run("heartbeat", {"lease": float(conf.get("RUN_LEASE")), "job_ids": [], "attempts": []})
 
     def beat(self) -> None:
-        """Renew the leases of the running attempts; flag the cancelled and the lost ones."""
+        """Renew the leases of the running attempts; flag the cancelled and the lost ones. One
+        statement per database: one that fails has its connection dropped and the others' are
+        still renewed; then the first error is raised."""
         with self.lock:
             running = dict(self.running)
         if not running:
@@ -60,15 +62,17 @@ class Heartbeat:
             by_alias.setdefault(conf.alias_of_job(k[0]), []).append(k)
         rows, failed = [], None
         for alias, keys in by_alias.items():
-            try:
-                with conf.using(alias):
+            with conf.using(alias):
+                try:
                     rows += db.run("heartbeat", {
                         "lease": lease,
                         "job_ids": [k[0] for k in keys],
                         "attempts": [k[1] for k in keys],
                     })
-            except Exception as e:  # one database down must not cost the others' runs their leases
-                failed = failed or e
+                except Exception as e:  # one database down must not cost the others' runs their leases
+                    log.warning("heartbeat on database %r failed: %s", alias, str(e).strip()[:200])
+                    db.reset_connection()
+                    failed = failed or e
         took = time.monotonic() - t0
         if took > (lease - interval) / 2:  # the lease holds while took < RUN_LEASE - HEARTBEAT_INTERVAL
             log.warning("heartbeat of %d running attempts took %.1fs: the run lease (%.0fs) leaves %.1fs beyond "
