@@ -161,20 +161,22 @@ class BatchCompleter:
         lease); a start that succeeds there ends that.
         """
         token = str(uuid4())
-        alias = conf.db_alias()
-        hold = float(conf.get("DISPATCH_LEASE")) / 2
-        now = time.monotonic()
-        several = len(conf.shard_aliases()) > 1
-        if several:
-            hold = 0.0 if self.down_until.get(alias, 0.0) > now else min(hold, SHARDED_START_HOLD)
-        deadline = now + hold
+        began = time.monotonic()
+        deadline = None  # worked out at the first failure: the path that succeeds reads no setting
         pause = 0.2
         while True:
             try:
                 row = self._write(job_id, attempt, worker, token)
-                self.down_until.pop(alias, None)
+                if self.down_until:
+                    self.down_until.pop(conf.db_alias(), None)
                 return row
             except (OperationalError, InterfaceError) as e:
+                if deadline is None:
+                    alias, hold = conf.db_alias(), float(conf.get("DISPATCH_LEASE")) / 2
+                    several = len(conf.shard_aliases()) > 1
+                    if several:
+                        hold = 0.0 if self.down_until.get(alias, 0.0) > began else min(hold, SHARDED_START_HOLD)
+                    deadline = began + hold
                 if time.monotonic() + pause > deadline:
                     if several:
                         self.down_until[alias] = time.monotonic() + float(conf.get("DISPATCH_LEASE")) / 2
