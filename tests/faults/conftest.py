@@ -91,14 +91,19 @@ def env(request, pg, redis_server, tmp_path):
     try:
         yield e
     finally:
+        _stop(request, e, systems, redis_server)
+
+
+def _stop(request, e, systems, redis_server) -> None:
+    """A scenario's teardown: its processes, its logs on a failure, its connections, Redis back up."""
+    for s in systems:
+        s.stop_all()
+    if getattr(request.node, "rep_failed", False):
         for s in systems:
-            s.stop_all()
-        if request.node.rep_failed if hasattr(request.node, "rep_failed") else False:
-            for s in systems:
-                print(s.logs())
-        e.db.close()
-        if not redis_server.ping():
-            redis_server.start()
+            print(s.logs())
+    e.db.close()
+    if not redis_server.ping():
+        redis_server.start()
 
 
 @pytest.fixture(scope="session")
@@ -147,14 +152,7 @@ def env2(request, pg, pg2, redis_server, tmp_path):
     try:
         yield e
     finally:
-        for s in systems:
-            s.stop_all()
-        if getattr(request.node, "rep_failed", False):
-            for s in systems:
-                print(s.logs())
-        e.db.close()
-        if not redis_server.ping():
-            redis_server.start()
+        _stop(request, e, systems, redis_server)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -66,6 +66,22 @@ def pid_of(worker: str) -> int:
 # ---------------------------------------------------------------------------
 
 
+def worker_with_a_task_in_flight(env, s, t0: float) -> str:
+    """Schedule 1,200 ``record`` and 120 short ``sleep`` jobs over 10 s; at t = 4 s, the name of a
+    worker with a task running right now."""
+    sleepers = [(0.5 + 10 * i / 119, "demo.tasks.sleep", {"seconds": round(0.2 + 0.1 * (i % 4), 1)}) for i in range(120)]
+    schedule_once(env.db, burst(1200, 10) + sleepers)
+    sleep_until(t0, 4.0)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        for _, _, worker in running_attempts(env.db):
+            victim = s.group_of(pid_of(worker))
+            if victim:
+                return victim
+        time.sleep(0.02)
+    raise AssertionError("no task in flight to kill")
+
+
 def test_worker_killed_mid_task(env):
     s = env.system(BASE)
     s.worker("wa", concurrency=4)
@@ -73,18 +89,7 @@ def test_worker_killed_mid_task(env):
     s.dispatcher("d1")
     s.wait_workers(["wa", "wb"])
     t0 = time.monotonic()
-    sleepers = [(0.5 + 10 * i / 119, "demo.tasks.sleep", {"seconds": round(0.2 + 0.1 * (i % 4), 1)}) for i in range(120)]
-    schedule_once(env.db, burst(1200, 10) + sleepers)
-    sleep_until(t0, 4.0)
-    deadline = time.monotonic() + 5
-    victim = None
-    while victim is None and time.monotonic() < deadline:  # a worker with a task in flight right now
-        for _, _, worker in running_attempts(env.db):
-            victim = s.group_of(pid_of(worker))
-            if victim:
-                break
-        time.sleep(0.02)
-    assert victim, "no task in flight to kill"
+    victim = worker_with_a_task_in_flight(env, s, t0)
     in_flight = sum(1 for *_, w in running_attempts(env.db) if s.group_of(pid_of(w)) == victim)
     s.kill9(victim)
     s.worker("wc", concurrency=4)  # a new worker; nobody restarts the dead one
@@ -1040,17 +1045,7 @@ def lateness_on(env2, alias: str, due_after=None, due_before=None) -> list[float
 def test_two_clusters_worker_killed_mid_task(env2):
     s = two_clusters(env2, BASE)
     t0 = time.monotonic()
-    sleepers = [(0.5 + 10 * i / 119, "demo.tasks.sleep", {"seconds": round(0.2 + 0.1 * (i % 4), 1)}) for i in range(120)]
-    schedule_once(env2.db, burst(1200, 10) + sleepers)
-    sleep_until(t0, 4.0)
-    deadline, victim = time.monotonic() + 5, None
-    while victim is None and time.monotonic() < deadline:
-        for _, _, worker in running_attempts(env2.db):
-            victim = s.group_of(pid_of(worker))
-            if victim:
-                break
-        time.sleep(0.02)
-    assert victim, "no task in flight to kill"
+    victim = worker_with_a_task_in_flight(env2, s, t0)
     s.kill9(victim)
     s.worker("wc")
     r = finish(env2, s, "two clusters: worker kill -9 mid-task", t0, extra={"killed": victim})
