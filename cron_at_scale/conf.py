@@ -52,6 +52,10 @@ DEFAULTS: dict[str, Any] = {
     "RUN_LEASE": 60.0,
     # Heartbeat period: a third of the run lease, so two missed beats still keep it.
     "HEARTBEAT_INTERVAL": 20.0,
+    # The worker's main process starts the scheduled messages it received together, in one
+    # statement, before any reaches a pool process (cron_at_scale.worker.batch_start); off: each
+    # pool process starts its own message.
+    "BATCH_STARTS": False,
     # How often a dispatcher looks for expired leases.
     "REAPER_INTERVAL": 1.0,
     # Lost attempts (lease expired, nobody finished) after which a job goes to the DLQ:
@@ -186,7 +190,7 @@ def problems() -> list[str]:
     if token is not None and (not isinstance(token, str) or not token or not token.isprintable() or " " in token):
         out.append("CRON_AT_SCALE['METRICS_TOKEN'] must be a non-empty string without spaces or None")
     for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS", "PREPARED_STATEMENTS", "HOLD_UNCONSUMED_QUEUES",
-                "METRICS_JOB_KEYS"):
+                "METRICS_JOB_KEYS", "BATCH_STARTS"):
         if not isinstance(user.get(key, DEFAULTS[key]), bool):
             out.append(f"CRON_AT_SCALE[{key!r}] must be True or False, got {user[key]!r}")
     retention = user.get("RETENTION", DEFAULTS["RETENTION"])

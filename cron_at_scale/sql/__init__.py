@@ -288,6 +288,12 @@ def _row_type(columns: tuple[str, ...]):
     return namedtuple("Row", columns, rename=True)  # an unnamed column becomes _<position>
 
 
+def as_row(values: dict):
+    """A row by column name (as :func:`run` returns them) from a dict of its columns, in order: a row
+    sent to another process as a plain dict (a batch's start, handed to the pool process)."""
+    return _row_type(tuple(values))._make(values.values())
+
+
 def get_connection():
     """This thread's Django connection to the app's database (``CRON_AT_SCALE["DATABASE"]``)."""
     return connections[conf.db_alias()]

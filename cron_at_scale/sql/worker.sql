@@ -158,6 +158,108 @@ SELECT 'early', a.scheduled_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 
 FROM cron_at_scale_jobattempt AS a
 WHERE a.id = (SELECT id FROM target) AND a.outcome = 'dispatched' AND a.scheduled_at > statement_timestamp();
 
+-- name: start_attempts :prepared  -- run by: cron_at_scale.worker.attempts
+-- start_attempt for a batch: the messages a worker's main process received
+-- together (BATCH_STARTS), started in one statement, one transaction and one
+-- flush before any of them is handed to a pool process. Per message (job_id,
+-- attempt, token) the same rules as start_attempt: a row only for an attempt
+-- this message starts ('running'), records as not to run ('cancelled',
+-- 'skipped': a completed one-off job, an expired run), or finds not due yet
+-- ('early': nothing changes); none for a redelivered or superseded message.
+-- Two messages of one batch that would start the same attempt: one row, under
+-- the token of the one that won. It carries no completions (the main process
+-- has none), so a job's update here is only its expiry's.
+-- Synchronous commit, as start_attempt's: the attempt number is a fencing token.
+WITH msg AS MATERIALIZED (
+    SELECT m.job_id, m.attempt, m.token
+    FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[], %(tokens)s::uuid[]) AS m(job_id, attempt, token)
+), target AS MATERIALIZED (
+    SELECT m.token,
+           CASE WHEN r.outcome = 'dispatched' OR r.run_token = m.token THEN r.id ELSE (
+               SELECT t.id FROM cron_at_scale_jobattempt AS t
+               WHERE t.job_id = r.job_id AND t.attempt > r.attempt AND t.outcome = 'dispatched'
+                 AND (rj.schedule_type = 'once' OR t.scheduled_at = r.scheduled_at)
+                 AND NOT EXISTS (SELECT 1 FROM cron_at_scale_jobattempt AS x
+                                 WHERE x.job_id = r.job_id AND x.attempt > r.attempt AND x.attempt < t.attempt
+                                   AND x.started_at IS NOT NULL
+                                   AND (rj.schedule_type = 'once' OR x.scheduled_at = r.scheduled_at))
+               ORDER BY t.attempt LIMIT 1) END AS id,
+           CASE WHEN jsonb_typeof(rj.options->'expires') = 'number'
+                THEN make_interval(secs => (rj.options->>'expires')::float8) END AS expiry
+    FROM msg AS m
+    CROSS JOIN LATERAL (SELECT id, job_id, attempt, outcome, run_token, scheduled_at, started_at
+                        FROM cron_at_scale_jobattempt
+                        WHERE job_id = m.job_id AND attempt = m.attempt LIMIT 1) AS r
+    CROSS JOIN LATERAL (SELECT id, schedule_type, options FROM cron_at_scale_job WHERE id = m.job_id LIMIT 1) AS rj
+    WHERE r.outcome = 'dispatched' OR (r.outcome = 'lost' AND r.started_at IS NULL)
+          OR (r.outcome = 'running' AND r.run_token = m.token)
+), started AS (
+    UPDATE cron_at_scale_jobattempt AS a
+    SET started_at = COALESCE(a.started_at, statement_timestamp()),
+        outcome = CASE WHEN a.outcome = 'running' THEN 'running'
+                       WHEN j.status = 'cancelled' THEN 'cancelled'
+                       WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'
+                       WHEN statement_timestamp() > a.scheduled_at + t.expiry THEN 'skipped'
+                       ELSE 'running' END,
+        finished_at = CASE WHEN a.outcome = 'dispatched'
+                            AND (j.status = 'cancelled' OR (j.schedule_type = 'once' AND j.status = 'completed')
+                                 OR statement_timestamp() > a.scheduled_at + t.expiry)
+                           THEN statement_timestamp() END,
+        error = CASE WHEN a.outcome <> 'dispatched' OR j.status = 'cancelled' THEN a.error
+                     WHEN j.schedule_type = 'once' AND j.status = 'completed'
+                     THEN 'not run: an earlier attempt of this job succeeded'
+                     WHEN statement_timestamp() > a.scheduled_at + t.expiry
+                     THEN 'expired: not started within ' || trim_scale((j.options->>'expires')::numeric)
+                          || ' s of its occurrence'
+                     ELSE a.error END,
+        worker = %(worker)s,
+        run_token = t.token,
+        locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
+    FROM target AS t, cron_at_scale_job AS j
+    WHERE a.id = ANY(ARRAY(SELECT id FROM target)) AND a.id = t.id
+      AND (a.outcome = 'dispatched' OR (a.outcome = 'running' AND a.run_token = t.token)) AND j.id = a.job_id
+      AND a.scheduled_at <= statement_timestamp()
+    RETURNING t.token, a.outcome, a.scheduled_at, j.schedule_type, j.cancel_requested, j.retries, j.max_retries,
+              j.options, a.started_at, j.created_at, a.attempt, a.job_id, a.error, j.queue, j.trace_context,
+              a.outcome = 'skipped' AND a.error LIKE 'expired:%%' AS expired,
+              j.schedule_type = 'once' AND j.status = 'in_progress' AND j.attempts = a.attempt AS ends
+), expired AS (
+    UPDATE cron_at_scale_job AS j
+    SET expired_runs = j.expired_runs + e.runs,
+        status = CASE WHEN e.ends THEN 'cancelled' ELSE j.status END,
+        locked_by = CASE WHEN e.ends THEN '' ELSE j.locked_by END,
+        locked_until = CASE WHEN e.ends THEN NULL ELSE j.locked_until END,
+        updated_at = statement_timestamp()
+    FROM (SELECT job_id, count(*) AS runs, bool_or(ends) AS ends FROM started WHERE expired GROUP BY job_id) AS e
+    WHERE j.id = ANY(ARRAY(SELECT job_id FROM started WHERE expired)) AND j.id = e.job_id
+)
+SELECT token, outcome, scheduled_at, schedule_type, cancel_requested, retries, max_retries, options, started_at,
+       created_at, error, queue, trace_context, 0.0::float8 AS early_by, attempt
+FROM started
+UNION ALL
+SELECT t.token, 'early', a.scheduled_at, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       extract(epoch FROM a.scheduled_at - statement_timestamp())::float8, a.attempt
+FROM target AS t
+CROSS JOIN LATERAL (SELECT scheduled_at, attempt, outcome FROM cron_at_scale_jobattempt
+                    WHERE id = t.id LIMIT 1) AS a
+WHERE a.outcome = 'dispatched' AND a.scheduled_at > statement_timestamp();
+
+-- name: hand_back_attempts :prepared  -- run by: cron_at_scale.worker.batch_start
+-- A worker's main process stops with messages it started in a batch
+-- (start_attempts) that no pool process accepted: each such attempt goes back
+-- to 'dispatched', as its claim left it, under a dispatch lease. Its message
+-- goes back to the broker unacknowledged, and its redelivery starts it as any
+-- message; else the reaper fires it again after the lease. Never run, so never
+-- counted as lost. Only an attempt still running under this batch's token.
+UPDATE cron_at_scale_jobattempt AS a
+SET outcome = 'dispatched', started_at = NULL, worker = '', run_token = NULL,
+    locked_until = statement_timestamp() + make_interval(secs => %(lease)s)
+WHERE a.id = ANY(ARRAY(
+        SELECT o.id FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[]) AS r(job_id, attempt)
+        CROSS JOIN LATERAL (SELECT id FROM cron_at_scale_jobattempt
+                            WHERE job_id = r.job_id AND attempt = r.attempt LIMIT 1) AS o))
+  AND a.outcome = 'running' AND a.finished_at IS NULL AND a.run_token = ANY(%(tokens)s::uuid[]);
+
 -- name: finish_attempt :prepared  -- run by: cron_at_scale.worker.attempts
 -- Close an attempt and, for a one-off job still on this attempt, set its
 -- final status. An attempt whose job was cancelled while it ran ends
@@ -250,10 +352,13 @@ WHERE job_id = %(job_id)s AND attempt = %(attempt)s;
 -- needs. No row: that process started nothing, or the attempt already ended
 -- (its success was written, the reaper marked it lost); then nothing is
 -- written. The caller ends it with retry_attempt or finish_attempt, which
--- touch it only while it is unfinished, i.e. still running.
+-- touch it only while it is unfinished, i.e. still running. %(token)s: the
+-- run token of a start the worker's main process made in a batch (the attempt
+-- then names that process), else NULL.
 SELECT a.attempt, j.schedule_type, j.retries, j.max_retries, j.options
 FROM cron_at_scale_jobattempt AS a, cron_at_scale_job AS j
-WHERE a.job_id = %(job_id)s AND a.attempt >= %(attempt)s AND a.outcome = 'running' AND a.worker = %(worker)s
+WHERE a.job_id = %(job_id)s AND a.attempt >= %(attempt)s AND a.outcome = 'running'
+  AND (a.worker = %(worker)s OR a.run_token = %(token)s::uuid)
   AND j.id = a.job_id
 ORDER BY a.attempt
 LIMIT 1;

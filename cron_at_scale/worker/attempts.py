@@ -65,6 +65,17 @@ def write(job_id: str | None, attempt: int, worker: str, token: str | None, done
     }, fetch="one")
 
 
+def write_many(starts: list[tuple[str, int, str]], worker: str) -> list:
+    """One ``start_attempts``: start each ``(job_id, attempt, token)`` of a batch in one statement and
+    one synchronous commit. The rows of the attempts it started or recorded (each with its message's
+    ``token``; ``outcome``: ``running``, ``cancelled``, ``skipped`` or ``early``); a message without a
+    row is not to run (redelivered or superseded). Raises the database's errors."""
+    return db.run("start_attempts", {
+        "job_ids": [s[0] for s in starts], "attempts": [s[1] for s in starts], "tokens": [s[2] for s in starts],
+        "worker": worker, "lease": float(conf.get("RUN_LEASE")),
+    })
+
+
 def write_retry(params: dict, delay: float) -> int:
     """One ``retry_attempt``: close the attempt of ``params`` (``job_id``, ``attempt``, ``error``,
     ``traceback``) as retried, its one-off job pending again after ``delay`` seconds. Rows changed."""
@@ -144,7 +155,7 @@ class BatchCompleter:
         self.write_later(job_id, attempt)
         self.flush()
 
-    def start(self, job_id: str, attempt: int, worker: str):
+    def start(self, job_id: str, attempt: int, worker: str, token: str | None = None):
         """Start ``attempt`` of ``job_id`` and write the completions handed over so far, in one
         statement; the attempt's row (``outcome``, ``scheduled_at``, ...) or None if it is not to run.
         The outcome is ``running``, or ``cancelled``/``skipped`` (recorded, not to run).
@@ -159,8 +170,12 @@ class BatchCompleter:
         ``SHARDED_START_HOLD`` seconds, and then, until half a dispatch lease has passed since the
         last give-up, a start on that database gets one try (its attempt is fired again after its
         lease); a start that succeeds there ends that.
+
+        ``token``: the run token of a start made earlier for this message (a batch started by the
+        worker's main process): the attempt is confirmed still this message's, and its row read
+        again, or None is returned (reaped and fired again meanwhile).
         """
-        token = str(uuid4())
+        token = token or str(uuid4())
         began = time.monotonic()
         deadline = None  # worked out at the first failure: the path that succeeds reads no setting
         pause = 0.2

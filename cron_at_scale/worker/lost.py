@@ -57,6 +57,7 @@ from cron_at_scale.exceptions import RetryableError
 from cron_at_scale.ops import metrics
 from cron_at_scale.policy import retry
 from cron_at_scale.worker import attempts as worker_attempts
+from cron_at_scale.worker import batch_start
 from cron_at_scale.worker.events import AnnouncingRequest
 from cron_at_scale.worker.middleware.base import Middleware
 
@@ -114,7 +115,9 @@ def _on_task_failure(sender, task_id, exception) -> None:
         return  # a (cold) shutdown killed it: the lease brings the run back
     meta = request.request_dict[HEADER]
     try:
-        if record(sender, meta, request.worker_pid, exception, task_id) == "retried" and \
+        started = batch_start.started_of(request)
+        token = started["token"] if started is not None else None
+        if record(sender, meta, request.worker_pid, exception, task_id, token) == "retried" and \
                 isinstance(request, AnnouncingRequest):  # a monitor must see it retried, not failed
             request.retried_in_parent = (saferepr(exception), cause_of(exception)[0])
     except Exception:  # noqa: BLE001 (the attempt's lease still expires and the run comes back)
@@ -124,23 +127,27 @@ def _on_task_failure(sender, task_id, exception) -> None:
             db.reset_connection()  # the parent forks new pool processes: hold no connection they could inherit
 
 
-def record(task, meta: dict, pid: int, exc: BaseException, task_id: str = "") -> str | None:
+def record(task, meta: dict, pid: int, exc: BaseException, task_id: str = "", token: str | None = None) -> str | None:
     """Record the death of pool process ``pid`` while it ran the scheduled message ``meta``
     (the ``cron_at_scale`` header: ``job_id``, ``attempt``) of ``task``, with ``exc`` (a
     ``TimeLimitExceeded`` or ``WorkerLostError``) as its cause.
+
+    ``token``: the run token of the message's start in a batch by the main process
+    (:mod:`cron_at_scale.worker.batch_start`), whose attempt names that process, not ``pid``.
 
     Returns the attempt's new outcome (``"retried"`` or ``"failed"``), or None when that
     process was running no attempt of the job (never started it, or it finished meanwhile).
     Raises the database's errors.
     """
     with conf.using(conf.alias_of_job(meta["job_id"])):  # the job's own database (SHARD_DATABASES)
-        return _record(task, meta, pid, exc, task_id)
+        return _record(task, meta, pid, exc, task_id, token)
 
 
-def _record(task, meta: dict, pid: int, exc: BaseException, task_id: str) -> str | None:
+def _record(task, meta: dict, pid: int, exc: BaseException, task_id: str, token: str | None) -> str | None:
     worker = f"{socket.gethostname()}:{pid}"  # what worker.worker_name() wrote in that process
     row = db.run("running_attempt_of_worker", {
-        "job_id": str(meta["job_id"]), "attempt": int(meta["attempt"]), "worker": worker}, fetch="one")
+        "job_id": str(meta["job_id"]), "attempt": int(meta["attempt"]), "worker": worker, "token": token},
+        fetch="one")
     if row is None:
         return None
     attempt, schedule_type, retries, max_retries, options = row

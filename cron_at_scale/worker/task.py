@@ -26,6 +26,7 @@ from cron_at_scale.broker.message import HEADER
 from cron_at_scale.ops.identity import process_name
 from cron_at_scale.policy import retry
 from cron_at_scale.worker.attempts import COMPLETION_DELAY, BatchCompleter, InlineCompleter
+from cron_at_scale.worker.batch_start import BatchStarts
 from cron_at_scale.worker.health import WorkerHealth
 from cron_at_scale.worker.lost import LostProcess
 from cron_at_scale.worker.middleware import JobContext, Middleware, Run, SkipJob, current_job
@@ -98,6 +99,7 @@ MIDDLEWARE: list[Middleware] = [
     RefusePickle(),                     # at worker init: a JobTask app that would accept pickle
     WorkerHealth(),                     # the main process's watchdog of its own consumption
     LostProcess(),                      # the parent records a pool process that died in a run
+    BatchStarts(),                      # BATCH_STARTS: the parent hands back started messages never begun
     IdempotentStart(writer),            # per message: start the attempt; a duplicate is skipped
     Tracing(),                          # the run's span (OpenTelemetry, if installed): child of or link to schedule()'s
     Cancellation(),                     # a job cancelled (or completed) since its claim is skipped
@@ -124,6 +126,9 @@ class JobTask(Task):
     # such mechanisms are wired here or in cron_at_scale.worker.signals (the rule:
     # cron_at_scale.worker.middleware).
     Request = "cron_at_scale.worker.clock:JobRequest"
+    # Celery's execution strategy: its default, whose requests the worker's main process starts
+    # in batches when BATCH_STARTS is on (cron_at_scale.worker.batch_start).
+    Strategy = "cron_at_scale.worker.batch_start:strategy"
 
     def schedule(self, **spec: Any):
         """Schedule this task; same arguments as ``cron_at_scale.schedule``. Returns the ``Job``."""

@@ -6,6 +6,7 @@ import logging
 import time
 
 from cron_at_scale import conf
+from cron_at_scale.worker import batch_start
 from cron_at_scale.worker.middleware.base import Middleware, Run, SkipJob
 
 log = logging.getLogger(__name__)
@@ -25,6 +26,10 @@ class IdempotentStart(Middleware):
     early it is: the task waits that long and starts again, as long as the waits stay within
     ``ETA_LEAD`` + 1 s (no lead could make a message earlier). Beyond that the message is skipped
     and its attempt stays ``dispatched``: its dispatch lease runs out and the reaper fires it again.
+
+    A message the worker's main process started in a batch (``BATCH_STARTS``,
+    :mod:`cron_at_scale.worker.batch_start`) carries its started row: used as it is while fresh,
+    else the attempt is started again under the batch's token (confirmed still this message's).
     """
 
     def __init__(self, completer):
@@ -32,7 +37,14 @@ class IdempotentStart(Middleware):
 
     def before_run(self, run: Run) -> None:
         run.job_id, run.attempt = str(run.meta["job_id"]), int(run.meta["attempt"])
-        row = self.completer.start(run.job_id, run.attempt, run.worker)
+        started = batch_start.started_of(run.task.request)
+        token = started["token"] if started is not None else None
+        try:
+            if started is None:
+                raise LookupError("not started in a batch")
+            row = batch_start.fresh_row(started)
+        except LookupError:
+            row = self.completer.start(run.job_id, run.attempt, run.worker, token)
         waited = 0.0
         while row is not None and row.outcome == "early":
             if waited + row.early_by > conf.eta_lead(conf.values()) + EARLY_MARGIN:
@@ -42,7 +54,7 @@ class IdempotentStart(Middleware):
                 raise SkipJob()
             time.sleep(row.early_by)
             waited += row.early_by
-            row = self.completer.start(run.job_id, run.attempt, run.worker)
+            row = self.completer.start(run.job_id, run.attempt, run.worker, token)
         if row is None:
             log.info("skipping job %s attempt %d: already started or superseded", run.job_id, run.attempt)
             raise SkipJob()

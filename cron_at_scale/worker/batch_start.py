@@ -1,0 +1,256 @@
+"""Batched starts (``CRON_AT_SCALE["BATCH_STARTS"]``): the worker's main process starts the
+scheduled messages it received together, in one statement, before any reaches a pool process.
+
+Without it, each pool process starts its message itself: one ``start_attempt`` per task, each
+its own statement, plan, transaction and flush. Most of that statement's cost in PostgreSQL is
+the same whatever the number of rows it touches (``docs/benchmarks.md``, "Batched starts"), so
+the main process collects the messages Celery hands over in one pass of its event loop and starts
+them with one ``start_attempts`` (synchronous commit: promise 1 of ``docs/guarantees.md`` holds,
+no task reaches a pool process before its start is durable). Each message then goes to the pool
+as Celery would send it, its started row in the request (``request_dict[STARTED]``, pickled to
+the pool process with it), and :class:`~cron_at_scale.worker.middleware.start.IdempotentStart`
+runs it without a statement.
+
+The rules that keep a batch's start as safe as a pool process's own:
+
+* **Fresh, or confirmed.** A pool process that begins a message more than :data:`FRESH` seconds
+  after its batch was started (it waited in the pool behind other tasks) starts it again under
+  the same token, as before: it runs only if the attempt is still this message's, and it sees a
+  cancellation made meanwhile.
+* **Leases of the waiting ones.** Until a pool process accepts it, a started message's lease is
+  renewed by the main process (:class:`Waiting`, on a thread of its own, every
+  ``HEARTBEAT_INTERVAL``), so a message held behind long tasks is not reaped as lost.
+* **Handed back at shutdown.** Started messages no pool process accepted are put back to
+  ``dispatched`` when the worker stops (``hand_back_attempts``); their messages go back to the
+  broker unacknowledged and start again wherever they are delivered next.
+* **A dead pool process** is recorded by :mod:`cron_at_scale.worker.lost`, which finds the
+  attempt by its run token.
+
+What it costs: if the whole worker is killed (``kill -9`` of its main process) the attempts of
+its started batch that no pool process had begun are reaped after ``RUN_LEASE`` and fired again,
+and each counts as a lost attempt toward ``MAX_LOST_ATTEMPTS``, as the one that was running does.
+
+Wired as the task class's Celery strategy (``JobTask.Strategy``, Celery's documented
+``Task.Strategy``): Celery's own ``default`` strategy, given a view of the consumer whose
+``on_task_request`` (the call that hands a request to the pool) goes through :meth:`BatchStarter.receive`.
+With ``BATCH_STARTS`` off it is Celery's strategy unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from typing import Any
+from uuid import uuid4
+
+from celery.worker.strategy import default as celery_strategy
+from kombu.asynchronous import get_event_loop
+
+from cron_at_scale import conf
+from cron_at_scale import sql as db
+from cron_at_scale.broker.message import HEADER
+from cron_at_scale.ops.identity import process_name
+from cron_at_scale.worker import attempts
+from cron_at_scale.worker.middleware.base import Middleware
+from cron_at_scale.worker.middleware.lease import Heartbeat
+
+log = logging.getLogger(__name__)
+
+STARTED = "cron_at_scale_started"  # request_dict key: {"row": the started row or None, "token", "until"}
+FRESH = 1.0  # seconds a batch's start stands for the pool process that begins the message
+MAX_BATCH = 200  # messages per statement; more received in one pass of the loop make several
+
+
+def started_of(request: Any) -> dict | None:
+    """The batch start a Celery request (or task request context) carries, or None."""
+    value = getattr(request, STARTED, None)
+    if value is None and isinstance(getattr(request, "request_dict", None), dict):
+        value = request.request_dict.get(STARTED)
+    return value if isinstance(value, dict) else None
+
+
+def fresh_row(started: dict):
+    """The started row of ``started`` (:func:`started_of`) if it is still fresh (None: the message is
+    not to run), or raise ``LookupError``: the pool process must start the message itself."""
+    if time.monotonic() >= started["until"]:
+        raise LookupError("stale")
+    return None if started["row"] is None else db.as_row(started["row"])
+
+
+class _WaitingRun:
+    """A started message no pool process accepted yet, as the heartbeat sees it."""
+
+    __slots__ = ("job_id", "attempt", "token", "request", "cancel_requested", "lease_lost")
+
+    def __init__(self, job_id: str, attempt: int, token: str, request: Any) -> None:
+        self.job_id, self.attempt, self.token = job_id, attempt, token
+        self.request = weakref.ref(request)
+        self.cancel_requested = self.lease_lost = False
+
+    def waiting(self) -> bool:
+        request = self.request()
+        return request is not None and request.worker_pid is None
+
+
+class Waiting:
+    """The started messages of this main process no pool process accepted yet: their leases renewed
+    every ``HEARTBEAT_INTERVAL`` on a thread of their own, and handed back at shutdown."""
+
+    def __init__(self) -> None:
+        self.heartbeat = Heartbeat()
+        self.thread_host = attempts.BatchCompleter()  # its thread and connection, not the pool's
+        self.thread_host.every(lambda: float(conf.get("HEARTBEAT_INTERVAL")), self.beat)
+
+    def add(self, run: _WaitingRun) -> None:
+        self.heartbeat.running[(run.job_id, run.attempt)] = run  # type: ignore[assignment]
+        self.thread_host.ensure_thread()
+
+    def prune(self) -> list[_WaitingRun]:
+        """Drop the runs a pool process accepted (its own heartbeat has them) or Celery let go;
+        return those still waiting."""
+        with self.heartbeat.lock:
+            for key, run in list(self.heartbeat.running.items()):
+                if not run.waiting():  # type: ignore[attr-defined]
+                    del self.heartbeat.running[key]
+            return list(self.heartbeat.running.values())  # type: ignore[arg-type]
+
+    def beat(self) -> None:
+        if self.prune():
+            self.heartbeat.beat()
+
+    def hand_back(self) -> int:
+        """Put the attempts still waiting back to ``dispatched``; return how many were."""
+        runs = self.prune()
+        by_alias: dict[str, list[_WaitingRun]] = {}
+        for run in runs:
+            by_alias.setdefault(conf.alias_of_job(run.job_id), []).append(run)
+        n = 0
+        for alias, group in by_alias.items():
+            with conf.using(alias):
+                n += db.run("hand_back_attempts", {
+                    "job_ids": [r.job_id for r in group], "attempts": [r.attempt for r in group],
+                    "tokens": [r.token for r in group], "lease": float(conf.get("DISPATCH_LEASE")),
+                }, fetch="count")
+        with self.heartbeat.lock:
+            self.heartbeat.running.clear()
+        if n:
+            log.info("handed back %d started messages no pool process began", n)
+        return n
+
+    def clear(self) -> None:
+        with self.heartbeat.lock:
+            self.heartbeat.running.clear()
+
+
+class BatchStarter:
+    """Collects the scheduled requests Celery hands over in one pass of the event loop and starts
+    them in one statement per database (:func:`~cron_at_scale.worker.attempts.write_many`)."""
+
+    def __init__(self) -> None:
+        self.queue: list[tuple[Any, Any]] = []  # (Celery's handler, request)
+        self.lock = threading.Lock()
+        self.waiting = Waiting()
+
+    def receiver(self, handle):
+        """The ``on_task_request`` of the consumer view: scheduled requests are batched, others go
+        to ``handle`` (Celery's own) at once."""
+        def receive(request):
+            self.receive(handle, request)
+        return receive
+
+    def receive(self, handle, request) -> None:
+        header = (request.request_dict or {}).get(HEADER)
+        if not isinstance(header, dict):
+            handle(request)
+            return
+        with self.lock:
+            self.queue.append((handle, request))
+            first, full = len(self.queue) == 1, len(self.queue) >= MAX_BATCH
+        hub = get_event_loop()
+        if full or hub is None:  # a pool without an event loop: a batch of what is here now
+            self.flush()
+        elif first:
+            hub.call_soon(self.flush)
+
+    def flush(self) -> None:
+        """Start what was received, then hand each request to the pool."""
+        with self.lock:
+            batch, self.queue = self.queue, []
+        if not batch:
+            return
+        tokens = [str(uuid4()) for _ in batch]
+        keys = [(str(r.request_dict[HEADER]["job_id"]), int(r.request_dict[HEADER]["attempt"])) for _, r in batch]
+        began = time.monotonic()
+        rows, failed = self._start(keys, tokens)
+        until = began + min(FRESH, float(conf.get("RUN_LEASE")) - float(conf.get("HEARTBEAT_INTERVAL")))
+        for (handle, request), (job_id, _), token in zip(batch, keys, tokens):
+            if job_id not in failed:
+                row = rows.get(token)
+                request.request_dict[STARTED] = {
+                    "row": None if row is None else {k: v for k, v in row._asdict().items() if k != "token"},
+                    "token": token, "until": until}
+                if row is not None and row.outcome == "running":
+                    self.waiting.add(_WaitingRun(job_id, row.attempt, token, request))
+            try:
+                handle(request)
+            except Exception:  # noqa: BLE001 (Celery's handler failing one request must not drop the rest)
+                log.exception("handing scheduled message %s to the pool failed", request.id)
+
+    def _start(self, keys: list[tuple[str, int]], tokens: list[str]) -> tuple[dict, set[str]]:
+        by_alias: dict[str, list[int]] = {}
+        for i, (job_id, _) in enumerate(keys):
+            by_alias.setdefault(conf.alias_of_job(job_id), []).append(i)
+        rows: dict[str, Any] = {}
+        failed: set[str] = set()
+        worker = process_name()
+        for alias, idx in by_alias.items():
+            with conf.using(alias):
+                try:
+                    for row in attempts.write_many([(*keys[i], tokens[i]) for i in idx], worker):
+                        rows[str(row.token)] = row
+                except Exception as e:  # noqa: BLE001 (the pool processes start these themselves, as without batches)
+                    log.warning("starting a batch of %d messages on database %r failed (%s); their pool processes "
+                                "start them", len(idx), alias, str(e).strip()[:200])
+                    db.reset_connection()
+                    failed.update(keys[i][0] for i in idx)
+        return rows, failed
+
+
+starter = BatchStarter()
+
+
+class _ConsumerView:
+    """Celery's consumer, but for ``on_task_request``: what the strategy hands to the pool goes
+    through the batch starter first."""
+
+    def __init__(self, consumer, on_task_request) -> None:
+        self._consumer = consumer
+        self.on_task_request = on_task_request
+
+    def __getattr__(self, name: str):
+        return getattr(self._consumer, name)
+
+
+def strategy(task, app, consumer, **kwargs):
+    """``JobTask.Strategy``: Celery's default strategy, its requests batched when
+    ``BATCH_STARTS`` is on."""
+    if not conf.get("BATCH_STARTS"):
+        return celery_strategy(task, app, consumer, **kwargs)
+    return celery_strategy(task, app, _ConsumerView(consumer, starter.receiver(consumer.on_task_request)), **kwargs)
+
+
+class BatchStarts(Middleware):
+    """The batch starter's process hooks: a pool process drops its parent's state; the main
+    process hands back, at the end of its shutdown, what no pool process began."""
+
+    def after_process_boot(self) -> None:
+        with starter.lock:
+            starter.queue = []
+        starter.waiting.clear()
+
+    def after_worker_shutdown(self, worker: Any) -> None:
+        if conf.get("BATCH_STARTS"):
+            starter.waiting.thread_host.stop()
+            starter.waiting.hand_back()

@@ -1,0 +1,156 @@
+"""Batched starts: one ``start_attempts`` for the messages a worker's main process received
+together keeps every rule of a pool process's own start; handed back, a start is undone."""
+
+from __future__ import annotations
+
+import time
+from uuid import uuid4
+
+import pytest
+from demo.tasks import noop
+from helpers import RecordingPublisher, sql
+
+import cron_at_scale
+from cron_at_scale import sql as db
+from cron_at_scale.dispatcher import Dispatcher
+from cron_at_scale.models import Job, JobAttempt
+from cron_at_scale.worker import attempts, batch_start
+from cron_at_scale.worker.middleware.base import Run, SkipJob
+from cron_at_scale.worker.middleware.start import IdempotentStart
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def claimed(n: int) -> list[tuple[str, int]]:
+    """n one-off jobs claimed (their messages not sent): [(job_id, attempt)]."""
+    cron_at_scale.schedule_many([{"task": noop.name, "args": [i]} for i in range(n)])
+    runs = Dispatcher(name="t", shards="all", publisher=RecordingPublisher(), hold_unconsumed=False).claim()
+    assert len(runs) == n
+    return [(str(r.job_id), r.attempt) for r in runs]
+
+
+def token() -> str:
+    return str(uuid4())
+
+
+def attempt_of(job_id: str, attempt: int = 1) -> JobAttempt:
+    return JobAttempt.objects.get(job_id=job_id, attempt=attempt)
+
+
+def test_one_statement_starts_a_batch_by_the_rules_of_a_single_start(monkeypatch):
+    fresh, twice, cancelled, redelivered, expired, early = claimed(6)
+    assert cron_at_scale.cancel(cancelled[0])
+    assert attempts.write(redelivered[0], 1, "w", token(), []) is not None  # started by an earlier delivery
+    sql("UPDATE cron_at_scale_job SET options = '{\"expires\": 1}' WHERE id = %s", [expired[0]])
+    sql("UPDATE cron_at_scale_jobattempt SET scheduled_at = statement_timestamp() - interval '5 seconds' "
+        "WHERE job_id = %s", [expired[0]])
+    sql("UPDATE cron_at_scale_jobattempt SET scheduled_at = statement_timestamp() + interval '30 seconds' "
+        "WHERE job_id = %s", [early[0]])
+    statements = []
+    real_run = db.run
+    monkeypatch.setattr(db, "run", lambda name, *a, **k: statements.append(name) or real_run(name, *a, **k))
+    batch = [(*fresh, token()), (*twice, token()), (*twice, token()), (*cancelled, token()),
+             (*redelivered, token()), (*expired, token()), (*early, token())]
+    rows = {str(r.token): r for r in attempts.write_many(batch, "host:1")}
+    assert statements == ["start_attempts"]
+    by_job = {}
+    for job_id, _, tok in batch:
+        if tok in rows:
+            by_job.setdefault(job_id, []).append(rows[tok])
+    assert [r.outcome for r in by_job[fresh[0]]] == ["running"]
+    assert [r.outcome for r in by_job[twice[0]]] == ["running"]  # two messages of one attempt: one starts it
+    assert [r.outcome for r in by_job[cancelled[0]]] == ["cancelled"]
+    assert redelivered[0] not in by_job  # already started: not to run
+    assert [r.outcome for r in by_job[expired[0]]] == ["skipped"] and by_job[expired[0]][0].error.startswith("expired")
+    (e,) = by_job[early[0]]
+    assert e.outcome == "early" and 25 < e.early_by <= 30
+    a = attempt_of(fresh[0])
+    assert a.outcome == "running" and a.worker == "host:1" and str(a.run_token) == rows[batch[0][2]].token.__str__()
+    assert a.locked_until is not None and a.started_at is not None
+    assert Job.objects.get(id=expired[0]).status == "cancelled" and Job.objects.get(id=expired[0]).expired_runs == 1
+    assert attempt_of(early[0]).outcome == "dispatched"  # not due: nothing changed
+    # The row of a start carries what a pool process needs, as start_attempt's does.
+    single = attempts.write(fresh[0], 1, "w", str(a.run_token), [])  # the same token: the same attempt, again
+    assert single is not None and single.outcome == "running"
+    assert set(single._fields) <= set(rows[batch[0][2]]._fields)
+
+
+def test_a_started_row_stands_while_fresh_and_is_confirmed_after(monkeypatch):
+    (job,) = claimed(1)
+    tok = token()
+    (row,) = attempts.write_many([(*job, tok)], "host:1")
+    started = {"row": {k: v for k, v in row._asdict().items() if k != "token"}, "token": tok,
+               "until": time.monotonic() + 60}
+    statements = []
+    real_run = db.run
+    monkeypatch.setattr(db, "run", lambda name, *a, **k: statements.append(name) or real_run(name, *a, **k))
+
+    class Task:
+        class request:
+            pass
+
+    setattr(Task.request, batch_start.STARTED, started)
+    start = IdempotentStart(attempts.BatchCompleter())
+    run = Run(Task, {"job_id": job[0], "attempt": job[1]}, "host:2")
+    start.before_run(run)
+    assert statements == [] and run.row.outcome == "running"  # fresh: no statement
+    started["until"] = time.monotonic() - 1  # it waited in the pool past FRESH
+    run = Run(Task, {"job_id": job[0], "attempt": job[1]}, "host:2")
+    start.before_run(run)
+    assert statements == ["start_attempt"] and run.row.outcome == "running"  # confirmed under its token
+    assert attempt_of(job[0]).worker == "host:2"
+    sql("UPDATE cron_at_scale_jobattempt SET outcome = 'lost', finished_at = statement_timestamp() "
+        "WHERE job_id = %s", [job[0]])  # reaped meanwhile
+    with pytest.raises(SkipJob):
+        start.before_run(Run(Task, {"job_id": job[0], "attempt": job[1]}, "host:2"))
+    started.update(row=None, until=time.monotonic() + 60)  # the batch found it not to run
+    statements.clear()
+    with pytest.raises(SkipJob):
+        start.before_run(Run(Task, {"job_id": job[0], "attempt": job[1]}, "host:2"))
+    assert statements == []
+
+
+def test_started_messages_no_pool_process_began_are_handed_back_and_start_again():
+    (a, b) = claimed(2)
+    ta, tb = token(), token()
+    rows = {str(r.token): r for r in attempts.write_many([(*a, ta), (*b, tb)], "host:1")}
+    assert {r.outcome for r in rows.values()} == {"running"}
+
+    class Request:  # Celery's request as the starter sees it: accepted once a pool process took it
+        def __init__(self, pid):
+            self.worker_pid = pid
+
+    waiting = batch_start.Waiting()
+    began, queued = Request(4242), Request(None)
+    waiting.add(batch_start._WaitingRun(a[0], a[1], ta, began))
+    waiting.add(batch_start._WaitingRun(b[0], b[1], tb, queued))
+    waiting.thread_host.stop()
+    assert waiting.hand_back() == 1
+    assert attempt_of(a[0]).outcome == "running"  # a pool process has it: not touched
+    back = attempt_of(b[0])
+    assert back.outcome == "dispatched" and back.started_at is None and back.run_token is None
+    again = attempts.write(b[0], b[1], "w", token(), [])  # its redelivered message starts it
+    assert again is not None and again.outcome == "running"
+
+
+def test_the_waiting_ones_leases_are_renewed_until_a_pool_process_accepts_them():
+    (a, b) = claimed(2)
+    ta, tb = token(), token()
+    attempts.write_many([(*a, ta), (*b, tb)], "host:1")
+    sql("UPDATE cron_at_scale_jobattempt SET locked_until = statement_timestamp() + interval '1 second'")
+    before = {str(x.job_id): x.locked_until for x in JobAttempt.objects.all()}
+
+    class Request:
+        def __init__(self, pid):
+            self.worker_pid = pid
+
+    waiting = batch_start.Waiting()
+    keep = [Request(None), Request(4242)]
+    waiting.add(batch_start._WaitingRun(a[0], a[1], ta, keep[0]))
+    waiting.add(batch_start._WaitingRun(b[0], b[1], tb, keep[1]))
+    waiting.thread_host.stop()
+    waiting.beat()
+    after = {str(x.job_id): x.locked_until for x in JobAttempt.objects.all()}
+    assert (after[a[0]] - before[a[0]]).total_seconds() > 30  # RUN_LEASE from now
+    assert after[b[0]] == before[b[0]]  # accepted: its pool process's heartbeat renews it
+    assert list(waiting.heartbeat.running) == [(a[0], a[1])]
