@@ -89,9 +89,14 @@ class _WaitingRun:
         self.request = weakref.ref(request)
         self.cancel_requested = self.lease_lost = False
 
-    def waiting(self) -> bool:
+    def state(self) -> str:
+        """``accepted`` (a pool process took it: its own heartbeat has it), ``waiting``, or ``gone``
+        (Celery let the request go and no pool process accepted it: revoked, shut down; an accepted
+        one left at once, :meth:`Waiting.accepted`)."""
         request = self.request()
-        return request is not None and request.worker_pid is None
+        if request is None:
+            return "gone"
+        return "waiting" if request.worker_pid is None else "accepted"
 
 
 class Waiting:
@@ -103,26 +108,50 @@ class Waiting:
         self.thread_host = attempts.BatchCompleter()  # its thread and connection, not the pool's
         self.thread_host.every(lambda: float(conf.get("HEARTBEAT_INTERVAL")), self.beat)
 
+    def accepted(self, request: Any) -> None:
+        """A pool process accepted ``request`` (Celery's ``Request.on_accepted``, main process): its
+        run leaves the waiting ones, its pool process's heartbeat renews it from now."""
+        started = started_of(request)
+        if started is None or not started["row"]:
+            return
+        key = (str(request.request_dict[HEADER]["job_id"]), int(started["row"]["attempt"]))
+        with self.heartbeat.lock:
+            self.heartbeat.running.pop(key, None)
+
     def add(self, run: _WaitingRun) -> None:
         self.heartbeat.running[(run.job_id, run.attempt)] = run  # type: ignore[assignment]
         self.thread_host.ensure_thread()
 
-    def prune(self) -> list[_WaitingRun]:
-        """Drop the runs a pool process accepted (its own heartbeat has them) or Celery let go;
-        return those still waiting."""
+    def prune(self) -> tuple[list[_WaitingRun], list[_WaitingRun]]:
+        """Drop the runs a pool process accepted and those Celery let go; return ``(waiting, gone)``."""
+        waiting: list[_WaitingRun] = []
+        gone: list[_WaitingRun] = []
         with self.heartbeat.lock:
             for key, run in list(self.heartbeat.running.items()):
-                if not run.waiting():  # type: ignore[attr-defined]
+                state = run.state()  # type: ignore[attr-defined]
+                if state != "waiting":
                     del self.heartbeat.running[key]
-            return list(self.heartbeat.running.values())  # type: ignore[arg-type]
+                    if state == "gone":
+                        gone.append(run)  # type: ignore[arg-type]
+                else:
+                    waiting.append(run)  # type: ignore[arg-type]
+        return waiting, gone
 
     def beat(self) -> None:
-        if self.prune():
+        """Renew the waiting runs' leases; hand back those Celery let go."""
+        waiting, gone = self.prune()
+        if gone:
+            self.hand_back(gone)
+        if waiting:
             self.heartbeat.beat()
 
-    def hand_back(self) -> int:
-        """Put the attempts still waiting back to ``dispatched``; return how many were."""
-        runs = self.prune()
+    def hand_back(self, runs: list[_WaitingRun] | None = None) -> int:
+        """Put ``runs`` (by default every run not accepted: the worker stops) back to ``dispatched``;
+        return how many were."""
+        if runs is None:
+            waiting, gone = self.prune()
+            runs = waiting + gone
+            self.clear()
         by_alias: dict[str, list[_WaitingRun]] = {}
         for run in runs:
             by_alias.setdefault(conf.alias_of_job(run.job_id), []).append(run)
@@ -133,8 +162,6 @@ class Waiting:
                     "job_ids": [r.job_id for r in group], "attempts": [r.attempt for r in group],
                     "tokens": [r.token for r in group], "lease": float(conf.get("DISPATCH_LEASE")),
                 }, fetch="count")
-        with self.heartbeat.lock:
-            self.heartbeat.running.clear()
         if n:
             log.info("handed back %d started messages no pool process began", n)
         return n

@@ -28,6 +28,7 @@ from datetime import datetime, timedelta
 
 from cron_at_scale import sql as db
 from cron_at_scale.broker.message import HEADER
+from cron_at_scale.worker import batch_start
 from cron_at_scale.worker.events import AnnouncingRequest
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,14 @@ class JobRequest(AnnouncingRequest):
     """Celery's request, with the eta of a message the dispatcher published ahead of its fire_at
     moved onto this worker's clock (by :data:`offset`): the worker's timer then fires at the
     ``fire_at`` of the database clock. Other messages are Celery's own. Its base sends the task
-    event of an attempt Celery sees as ignored (:mod:`cron_at_scale.worker.events`)."""
+    event of an attempt Celery sees as ignored (:mod:`cron_at_scale.worker.events`). A message
+    started in a batch (:mod:`cron_at_scale.worker.batch_start`) leaves the batch's waiting ones
+    when a pool process accepts it."""
+
+    def on_accepted(self, pid, time_accepted):
+        super().on_accepted(pid, time_accepted)
+        if batch_start.started_of(self) is not None:  # its lease is its pool process's to renew now
+            batch_start.starter.waiting.accepted(self)
 
     @property
     def eta(self) -> datetime | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from uuid import uuid4
 
 import pytest
 from demo.tasks import noop
@@ -155,6 +156,7 @@ def test_worker_statements_reach_rows_by_key_once_the_tables_have_grown(started,
     connection.close()
     writer = worker.AttemptWriter()
     assert writer.start("00000000-0000-7000-8000-000000000000", 1, "w") is None  # prepared on empty tables
+    assert completer.write_many([("00000000-0000-7000-8000-000000000000", 1, str(uuid4()))], "w") == []
     db.run("heartbeat", {"lease": 60.0, "job_ids": [], "attempts": []})
     monkeypatch.setattr(db, "REPLAN_EVERY", 50)
     runs = started(300)  # 300 started: start_attempt runs 300 times, so it was prepared again
@@ -172,11 +174,14 @@ def test_worker_statements_reach_rows_by_key_once_the_tables_have_grown(started,
     start_plan = _plan("start_attempt", {"job_id": str(nxt.job_id), "attempt": nxt.attempt, "worker": "w", "token": None,
                                          "lease": 60.0, "done_job_ids": [done_id], "done_attempts": [done_attempt]})
     beat_plan = _plan("heartbeat", {"lease": 60.0, "job_ids": [runs[101][0]], "attempts": [runs[101][1]]})
-    for plan in (start_plan, beat_plan):
+    batch_plan = _plan("start_attempts", {"job_ids": [str(r.job_id) for r in fresh[1:4]],
+                                          "attempts": [r.attempt for r in fresh[1:4]],
+                                          "tokens": [str(uuid4()) for _ in range(3)], "worker": "w", "lease": 60.0})
+    for plan, per in ((start_plan, 1), (beat_plan, 1), (batch_plan, 3)):  # rows read: 2 per message at most
         scans = _scans(plan)
         assert scans, plan
         for table, index, read in scans:
             if table in LOOKUPS:
-                assert index in LOOKUPS[table] and read <= 2, "\n".join(plan)
+                assert index in LOOKUPS[table] and read <= 2 * per, "\n".join(plan)
     assert {(str(a.job_id), a.outcome) for a in JobAttempt.objects.filter(job_id__in=[done_id, nxt.job_id])} == {
         (done_id, "succeeded"), (str(nxt.job_id), "running")}
