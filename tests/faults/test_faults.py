@@ -82,8 +82,8 @@ def worker_with_a_task_in_flight(env, s, t0: float) -> str:
     raise AssertionError("no task in flight to kill")
 
 
-def test_worker_killed_mid_task(env):
-    s = env.system(BASE)
+def _worker_killed_mid_task(env, settings: dict, scenario: str):
+    s = env.system(settings)
     s.worker("wa", concurrency=4)
     s.worker("wb", concurrency=4)
     s.dispatcher("d1")
@@ -93,8 +93,19 @@ def test_worker_killed_mid_task(env):
     in_flight = sum(1 for *_, w in running_attempts(env.db) if s.group_of(pid_of(w)) == victim)
     s.kill9(victim)
     s.worker("wc", concurrency=4)  # a new worker; nobody restarts the dead one
-    r = finish(env, s, "1 worker kill -9 mid-task", t0, extra={"killed": victim, "in_flight": in_flight})
+    r = finish(env, s, scenario, t0, extra={"killed": victim, "in_flight": in_flight})
     assert r.lost_attempts >= 1, "the kill hit no attempt: the scenario tested nothing"
+
+
+def test_worker_killed_mid_task(env):
+    _worker_killed_mid_task(env, BASE, "1 worker kill -9 mid-task")
+
+
+def test_worker_killed_mid_task_with_batched_starts(env):
+    """BATCH_STARTS: the dead worker's main process had started messages its pool processes were
+    running or had not begun (an attempt then names the main process). Each is reaped after its
+    lease and fired again: none lost, none run twice."""
+    _worker_killed_mid_task(env, {**BASE, "BATCH_STARTS": True}, "1 worker kill -9 mid-task, batched starts")
 
 
 # ---------------------------------------------------------------------------
