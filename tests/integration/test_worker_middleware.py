@@ -17,6 +17,7 @@ from cron_at_scale.celery_app import get_app
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.worker import signals
 from cron_at_scale.worker import task as worker_task
+from cron_at_scale.worker.batch_start import BatchStarts
 from cron_at_scale.worker.health import WorkerHealth
 from cron_at_scale.worker.lost import LostProcess
 from cron_at_scale.worker.middleware import Middleware
@@ -123,7 +124,7 @@ def test_the_worker_concerns_are_middleware_in_the_list():
     kinds = {type(m) for m in worker_task.MIDDLEWARE}
     assert {WorkerHealth, LostProcess, RefusePickle, Completion} <= kinds
     assert worker_task.hooks["before_worker_boot"][0].__class__ is RefusePickle
-    assert {type(m) for m in worker_task.hooks["after_worker_shutdown"]} == {WorkerHealth, Completion}
+    assert {type(m) for m in worker_task.hooks["after_worker_shutdown"]} == {WorkerHealth, Completion, BatchStarts}
 
 
 def test_each_celery_signal_is_connected_once_by_the_signals_module():

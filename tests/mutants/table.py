@@ -84,9 +84,11 @@ MUTANTS: tuple[Mutant, ...] = (
            _NO_START_CHECK,
            (SQL_TESTS + "test_a_start_before_its_fire_at_by_the_database_clock_is_refused_and_says_how_early",)),
     Mutant("G", 7, "a cancel committed before the start is not seen by the start: the task runs",
-           (Edit(WORKER_SQL, "        outcome = CASE WHEN a.outcome = 'running' THEN 'running'\n"
-                             "                       WHEN j.status = 'cancelled' THEN 'cancelled'\n",
-                 "        outcome = CASE WHEN a.outcome = 'running' THEN 'running'\n"),),
+           (Edit(WORKER_SQL, "                       WHEN j.status = 'cancelled' THEN 'cancelled'\n"
+                             "                       WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'\n"
+                             "                       WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target)",
+                 "                       WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'\n"
+                 "                       WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target)"),),
            ("tests/acceptance/test_dispatcher_loop.py::test_a_job_cancelled_after_its_claim_is_skipped_and_recorded",),
            ("celery",)),
     Mutant("H", 6, "the overlap check (skip, buffer_one) reads the claim's snapshot, taken before its row locks",
@@ -125,8 +127,9 @@ MUTANTS: tuple[Mutant, ...] = (
                  "AND j.schedule_type <> 'once' AND j.status = 'pending'"),),
            (SQL_TESTS + "test_a_paused_recurring_jobs_lost_run_fires_again",)),
     Mutant("M", 2, "a run fired again after an earlier attempt's success runs instead of being skipped",
-           (Edit(WORKER_SQL, "                       WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'\n",
-                 ""),),
+           (Edit(WORKER_SQL, "                       WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'\n"
+                             "                       WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target)",
+                 "                       WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target)"),),
            (SQL_TESTS + "test_the_success_of_a_run_reaped_while_it_stalled_completes_its_job",)),
     Mutant("N", 4, "a run reaped before its fire_at is due again at once (fires early)",
            (Edit(MAINTENANCE_SQL, "                   ELSE GREATEST(j.fire_at, statement_timestamp()) END,",
