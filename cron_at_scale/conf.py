@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 # Defaults, each with why. Times are seconds.
 DEFAULTS: dict[str, Any] = {
@@ -457,6 +459,15 @@ def alias_of_job(job_id: Any) -> str:
         return db_alias()
     value = job_id.int if hasattr(job_id, "int") else int(str(job_id)[-2:], 16)
     return owner[value % NUM_SHARDS]
+
+
+def by_job_alias(items: Iterable[T], job_id_of: Callable[[T], Any]) -> dict[str, list[T]]:
+    """``items`` grouped by the alias holding each one's job (:func:`alias_of_job` of
+    ``job_id_of(item)``), in their order: one statement per database (``SHARD_DATABASES``)."""
+    out: dict[str, list[T]] = {}
+    for item in items:
+        out.setdefault(alias_of_job(job_id_of(item)), []).append(item)
+    return out
 
 
 def get(name: str) -> Any:

@@ -106,9 +106,7 @@ def _schedule_many(specs: list[Any], batch_size: int, now: datetime, sharded: bo
     trace = tracing.carrier()  # one caller, one span: the same context on every job of the call
     if sharded:  # every spec checked first, then each database's rows copied there
         made = list(source)
-        by_alias: dict[str, list[tuple]] = {}
-        for row in made:
-            by_alias.setdefault(conf.alias_of_job(row[0]), []).append(row)
+        by_alias = conf.by_job_alias(made, lambda row: row[0])
         jobs: dict[Any, Job] = {}
         for alias, part in by_alias.items():
             with conf.using(alias):

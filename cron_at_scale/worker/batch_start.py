@@ -155,11 +155,8 @@ class Waiting:
             waiting, gone = self.prune()
             runs = waiting + gone
             self.clear()
-        by_alias: dict[str, list[_WaitingRun]] = {}
-        for run in runs:
-            by_alias.setdefault(conf.alias_of_job(run.job_id), []).append(run)
         n = 0
-        for alias, group in by_alias.items():
+        for alias, group in conf.by_job_alias(runs, lambda r: r.job_id).items():
             with conf.using(alias):
                 n += db.run("hand_back_attempts", {
                     "job_ids": [r.job_id for r in group], "attempts": [r.attempt for r in group],
@@ -175,8 +172,8 @@ class Waiting:
 
 
 class BatchStarter:
-    """Collects the scheduled requests Celery hands over in one pass of the event loop and starts
-    them in one statement per database (:func:`~cron_at_scale.worker.attempts.write_many`)."""
+    """Collects the scheduled requests Celery hands over within ``HOLD`` seconds and starts them in
+    one statement per database (:func:`~cron_at_scale.worker.attempts.write_many`)."""
 
     def __init__(self) -> None:
         self.queue: list[tuple[Any, Any]] = []  # (Celery's handler, request)
@@ -229,9 +226,7 @@ class BatchStarter:
                 log.exception("handing scheduled message %s to the pool failed", request.id)
 
     def _start(self, keys: list[tuple[str, int]], tokens: list[str]) -> tuple[dict, set[str]]:
-        by_alias: dict[str, list[int]] = {}
-        for i, (job_id, _) in enumerate(keys):
-            by_alias.setdefault(conf.alias_of_job(job_id), []).append(i)
+        by_alias = conf.by_job_alias(range(len(keys)), lambda i: keys[i][0])
         rows: dict[str, Any] = {}
         failed: set[str] = set()
         worker = process_name()

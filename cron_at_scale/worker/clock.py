@@ -78,8 +78,7 @@ class JobRequest(AnnouncingRequest):
 
     def on_accepted(self, pid, time_accepted):
         super().on_accepted(pid, time_accepted)
-        if batch_start.started_of(self) is not None:  # its lease is its pool process's to renew now
-            batch_start.starter.waiting.accepted(self)
+        batch_start.starter.waiting.accepted(self)  # a batch's start: its pool process renews it now
 
     @property
     def eta(self) -> datetime | None:

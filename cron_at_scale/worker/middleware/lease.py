@@ -57,9 +57,7 @@ class Heartbeat:
             return
         lease, interval = float(conf.get("RUN_LEASE")), float(conf.get("HEARTBEAT_INTERVAL"))
         t0 = time.monotonic()
-        by_alias: dict[str, list[tuple[str, int]]] = {}
-        for k in running:  # one statement per database (SHARD_DATABASES), else one
-            by_alias.setdefault(conf.alias_of_job(k[0]), []).append(k)
+        by_alias = conf.by_job_alias(running, lambda k: k[0])  # one statement per database, else one
         rows, failed = [], None
         for alias, keys in by_alias.items():
             with conf.using(alias):
