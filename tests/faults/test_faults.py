@@ -829,6 +829,15 @@ def _crash(pg) -> None:
 
 
 def test_an_attempt_started_before_a_postgres_crash_never_runs_again_under_its_number(env, tmp_path):
+    _crash_right_after_a_start(env, tmp_path, {}, "postgres crash right after a start")
+
+
+def test_an_attempt_started_in_a_batch_before_a_postgres_crash_never_runs_again_under_its_number(env, tmp_path):
+    """BATCH_STARTS: the worker's main process started the message; its start is as durable."""
+    _crash_right_after_a_start(env, tmp_path, {"BATCH_STARTS": True}, "postgres crash right after a batched start")
+
+
+def _crash_right_after_a_start(env, tmp_path, settings: dict, scenario: str):
     """The attempt number is a fencing token, PostgreSQL crashes included: the start of an attempt is
     durable before the task runs. Before each job the cluster's WAL writer, background writer and
     checkpointer are stopped (SIGSTOP), so that a commit not flushed by its own transaction stays in
@@ -851,7 +860,8 @@ def test_an_attempt_started_before_a_postgres_crash_never_runs_again_under_its_n
             and env.db.one("SELECT count(*) FROM cron_at_scale_jobattempt WHERE finished_at IS NULL") == 0
 
     try:
-        s = env.system({**BASE, "SHARD_LEASE": 120.0, "WORKER_HEARTBEAT_INTERVAL": 60.0, "LOOKAHEAD": 0.0})
+        s = env.system({**BASE, "SHARD_LEASE": 120.0, "WORKER_HEARTBEAT_INTERVAL": 60.0, "LOOKAHEAD": 0.0,
+                        **settings})
         # Two pool slots: a claim lost in the crash is claimed again under the same number and the
         # free slot starts it while the first run still sleeps (its completion would otherwise close
         # the attempt claimed again, and hide the second run).
@@ -886,7 +896,7 @@ def test_an_attempt_started_before_a_postgres_crash_never_runs_again_under_its_n
     runs = _ledger(ledger)
     twice = {pair: n for pair in set(runs) if (n := runs.count(pair)) > 1}
     assert crashes == 3 and not twice, f"(job, attempt) executed more than once: {twice}\n{runs}\n{s.logs()}"
-    record(faultkit.Report(scenario="postgres crash right after a start", jobs=3, executions=len(runs)))
+    record(faultkit.Report(scenario=scenario, jobs=3, executions=len(runs)))
 
 
 # ---------------------------------------------------------------------------
@@ -932,11 +942,21 @@ WORKER_STALL = {**BASE, "RUN_LEASE": 2.0, "HEARTBEAT_INTERVAL": 0.5, "REAPER_INT
 
 
 def test_the_success_of_a_worker_stalled_past_its_run_lease_is_recorded(env, tmp_path):
+    _worker_stalled_mid_task(env, tmp_path, WORKER_STALL, "worker stalled > RUN_LEASE mid-task")
+
+
+def test_the_success_of_a_worker_with_batched_starts_stalled_past_its_run_lease_is_recorded(env, tmp_path):
+    """BATCH_STARTS: the attempt was started by the worker's main process, stopped with it."""
+    _worker_stalled_mid_task(env, tmp_path, {**WORKER_STALL, "BATCH_STARTS": True},
+                             "worker stalled > RUN_LEASE mid-task, batched starts")
+
+
+def _worker_stalled_mid_task(env, tmp_path, settings: dict, scenario: str):
     """A success is never discarded: a worker stopped (SIGSTOP of its process group, as a VM pause
     does) in the middle of a task for longer than RUN_LEASE is reaped, its job fired again; resumed,
     its run returns, and that success is recorded on its attempt and completes the job. The runs
     are counted in a file ledger; no (job, attempt) runs twice."""
-    s = env.system(WORKER_STALL)
+    s = env.system(settings)
     s.worker("wa", concurrency=1, extra=["--prefetch-multiplier", "1"])
     s.dispatcher("d1")
     s.wait_workers(["wa"])
@@ -951,7 +971,7 @@ def test_the_success_of_a_worker_stalled_past_its_run_lease_is_recorded(env, tmp
         # Reaped and fired again while the worker stands still: attempt 1 lost, attempt 2 dispatched.
         faultkit._wait(lambda: env.db.q("SELECT attempt, outcome FROM cron_at_scale_jobattempt WHERE job_id = %s "
                                         "ORDER BY attempt", (job,))[:2] == [(1, "lost"), (2, "dispatched")],
-                       WORKER_STALL["RUN_LEASE"] + 20, "the stalled attempt to be reaped and fired again")
+                       settings["RUN_LEASE"] + 20, "the stalled attempt to be reaped and fired again")
         stalled_for = time.monotonic() - t0
     finally:
         os.killpg(pgid, signal.SIGCONT)
@@ -966,7 +986,7 @@ def test_the_success_of_a_worker_stalled_past_its_run_lease_is_recorded(env, tmp
                         (job,))
     status = env.db.one("SELECT status FROM cron_at_scale_job WHERE id = %s", (job,))
     runs = _ledger(ledger)
-    record(faultkit.Report(scenario="worker stalled > RUN_LEASE mid-task", jobs=1, executions=len(runs),
+    record(faultkit.Report(scenario=scenario, jobs=1, executions=len(runs),
                            lost_attempts=sum(1 for _, o in attempts if o == "lost"), seconds=time.monotonic() - t0,
                            extra={"stalled_s": round(stalled_for, 1), "attempts": [o for _, o in attempts]}))
     assert len(runs) == len(set(runs)), f"a (job, attempt) ran twice: {runs}"

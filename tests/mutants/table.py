@@ -150,6 +150,11 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/acceptance/test_worker_lost.py::"
             "test_a_run_that_sigkills_its_process_fails_with_that_cause_by_its_retry_policy",),
            ("celery",)),
+    Mutant("R", 1, "start_attempts (a batch started by the worker's main process) commits asynchronously",
+           (Edit(WORKER_SQL, "-- name: start_attempts :prepared  -- run by:",
+                 "-- name: start_attempts :prepared :async  -- run by:"),),
+           (FAULTS + "test_an_attempt_started_in_a_batch_before_a_postgres_crash_never_runs_again_under_its_number",),
+           BOTH),
 )
 
 BY_ID = {m.id: m for m in MUTANTS}
