@@ -33,6 +33,18 @@ def sql(query: str, params=()):
 YEARLY = "0 0 1 1 *"  # one occurrence in sight: the test decides when it was due
 
 
+def clear_of_a_minute_mark(margin: float = 10.0):
+    """Wait until the next whole minute is at least ``margin`` seconds away on the database's clock.
+
+    A test that counts a minutely job's due occurrences must schedule and claim within one minute:
+    a minute mark passing between them adds an occurrence the test did not shift in.
+    """
+    ((now,),) = sql("SELECT statement_timestamp()")
+    left = 60 - (now.second + now.microsecond / 1e6)
+    if left < margin:
+        time.sleep(left + 0.05)
+
+
 def due(job, seconds_ago: float) -> None:
     """Make the job's pending occurrence due ``seconds_ago`` (nobody fired it)."""
     sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() - make_interval(secs => %s), "

@@ -17,7 +17,7 @@ from burst import ZONES, burst_specs, db_now, dow, fires_exactly, whole_second_a
 from demo.tasks import noop
 from django.conf import settings
 from django.db import connections
-from helpers import sql, wait_until
+from helpers import clear_of_a_minute_mark, sql, wait_until
 
 import cron_at_scale
 from cron_at_scale import ValidationError, cron
@@ -42,6 +42,7 @@ def finish_open_attempts():
 
 
 def test_latest_catchup_after_an_outage_fires_once_and_counts_the_missed():
+    clear_of_a_minute_mark()
     job = cron_at_scale.schedule(noop, cron="* * * * *", catchup_window=600)
     shift(job, 30 * 60 + 1)  # 30 minutes of outage
     runs = Dispatcher(lookahead=0).claim()
@@ -103,6 +104,7 @@ def test_a_run_carries_its_nominal_occurrence():
 
 
 def test_pause_holds_a_job_and_resume_follows_the_catchup_policy():
+    clear_of_a_minute_mark()
     job = cron_at_scale.schedule(noop, cron="* * * * *", catchup="skip")
     assert cron_at_scale.pause(job.id, note="maintenance")
     assert not cron_at_scale.pause(job.id)
