@@ -60,8 +60,10 @@ database: never point it at one you care about. Prints a table on stderr and
 one JSON line on stdout (``--out`` also writes it to a file).
 
 CPU is read from /proc/<pid>/stat (user + system) before and after each measured
-part, for the processes on this machine: ``postgres`` is this database's backends,
-``pg_aux`` the server's background processes (walwriter, checkpointer, ...), shared
+part, for the processes on this machine: ``postgres`` is this database's backends
+and the backends that exited meanwhile (the postmaster's reaped children: a pool process
+drops its connection every ``CELERY_DB_REUSE_MAX`` tasks, and a backend's CPU would go
+with it; on a shared server other databases' exited backends count too), ``pg_aux`` the server's background processes (walwriter, checkpointer, ...), shared
 with any other database of the server, as ``broker`` (redis-server) is with other
 Redis dbs: on a shared server those two count others' work too.
 """
@@ -123,12 +125,18 @@ def proc_stat(pid: int) -> tuple[int, float, float, str] | None:
 def cpu_ms_per(before: dict, after: dict, n: int, groups=CPU_GROUPS) -> dict[str, float]:
     """CPU ms per item of each of ``groups`` (and their ``total``) between two ``Bench.cpu_now()``
     samples, ``n`` items done in between; {} when ``n`` is 0.
-    A process started in between counts whole; one that exited in between is lost (none do here: the
-    workers' and the bench's connections persist)."""
+    A process started in between counts whole; one that exited in between counts through its parent's
+    reaped children (a pool process's, PostgreSQL's backends under the postmaster), less what it had
+    used before the window."""
     if not n:
         return {}
-    out = {g: round(1000 * sum(cpu - before[g].get(pid, 0.0) for pid, cpu in after[g].items()) / n, 3)
-           for g in groups if after[g]}
+    def used(g: str) -> float:
+        # A process that exited in between counts in its parent's reaped total (a negative pid) with its
+        # whole life: take off what it had used before this window.
+        gone = sum(cpu for pid, cpu in before[g].items() if pid > 0 and pid not in after[g])
+        return sum(cpu - before[g].get(pid, 0.0) for pid, cpu in after[g].items()) - gone
+
+    out = {g: round(1000 * used(g) / n, 3) for g in groups if after[g]}
     out["total"] = round(sum(out.values()), 3)
     return out
 
@@ -329,6 +337,8 @@ class Bench:
                 out["pool"][pid] = cpu
             elif pid == self.redis_pid:
                 out["broker"][pid] = cpu
+            elif pid == self.postmaster:  # backends that exited: a pool process reconnects every
+                out["postgres"][-pid] = reaped  # CELERY_DB_REUSE_MAX tasks (any database's, on a shared server)
             elif ppid == self.postmaster and self.postmaster:
                 words = cmdline.split()
                 if db in words:  # a backend ("user db host(port) state") or an autovacuum worker of this database
