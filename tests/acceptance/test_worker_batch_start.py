@@ -2,7 +2,7 @@
 every job runs once, a pool process that dies is recorded by its cause, and a warm shutdown
 hands back what no pool process began.
 
-Real ``celery worker`` (prefork) and dispatcher processes, ``BATCH_STARTS`` on in the worker's
+Real ``celery worker`` (prefork, threads and solo pools) and dispatcher processes, ``BATCH_STARTS`` on in the worker's
 settings (``CRON_AT_SCALE_SETTINGS``)."""
 
 from __future__ import annotations
@@ -79,3 +79,22 @@ def test_a_warm_shutdown_hands_back_the_started_messages_no_pool_process_began(s
     assert set(runs.values()) == {1} and len(runs) == 4  # each ran once
     assert not JobAttempt.objects.filter(outcome="lost").exists()
     assert {j.lost_attempts for j in Job.objects.filter(id__in=[j.id for j in jobs])} == {0}
+
+
+@pytest.mark.parametrize("pool", ["threads", "solo"])
+def test_batched_starts_run_every_job_once_on_the_threads_and_solo_pools(system, pool):
+    batched(system)
+    main = system.worker("w1", concurrency=2, pool=pool)
+    system.dispatcher("d1")
+    wait_for_workers(system.app, ["w1"])
+    jobs = cron_at_scale.schedule_many([{"task": "demo.tasks.record", "args": [i]} for i in range(300)])
+    ids = {str(j.id) for j in jobs}
+    wait_until(lambda: Job.objects.filter(status="completed").count() == len(ids), timeout=90,
+               what="300 jobs to complete")
+    runs = Counter(str(e.job_id) for e in Execution.objects.all())
+    assert set(runs) == ids and set(runs.values()) == {1}  # each ran, once
+    rows = list(JobAttempt.objects.all())
+    assert len(rows) == len(ids) and {a.outcome for a in rows} == {"succeeded"}
+    assert {a.worker for a in rows} == {f"{socket.gethostname()}:{main.pid}"}  # one process: the worker's
+    batches = Counter(a.started_at for a in rows)  # one statement per batch: its rows share started_at
+    assert len(batches) < len(rows), f"{pool}: every start was its own statement"
