@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from demo.tasks import noop, record
 from django.db import transaction
-from helpers import sql
+from helpers import clear_of_a_minute_mark, sql
 
 import cron_at_scale
 from cron_at_scale import KeyConflict, ValidationError
@@ -462,6 +462,7 @@ def test_a_buffered_occurrence_stays_and_fires_when_the_running_one_ends():
 
 
 def test_a_paused_job_stays_paused_and_counts_what_its_old_schedule_missed():
+    clear_of_a_minute_mark()
     job = cron_at_scale.schedule(noop, cron="* * * * *")
     cron_at_scale.pause(job.id, "maintenance")
     shift(job, 3 * 60)
@@ -500,6 +501,7 @@ def test_schedule_update_of_a_one_off_moves_it_and_leaves_a_claimed_one_alone():
 
 @pytest.mark.parametrize(("missed", "fired", "counted"), [("skip", 0, 5), ("latest", 1, 4), ("all", 5, 0)])
 def test_resume_with_a_choice_fires_what_it_says(missed, fired, counted):
+    clear_of_a_minute_mark()
     job = cron_at_scale.schedule(noop, cron="* * * * *", overlap="allow", catchup_window=600)
     cron_at_scale.pause(job.id)
     first = state(job.id)["occurrence_at"]
@@ -516,6 +518,7 @@ def test_resume_with_a_choice_fires_what_it_says(missed, fired, counted):
 
 
 def test_resume_choices_are_bounded_by_the_catchup_window():
+    clear_of_a_minute_mark()
     job = cron_at_scale.schedule(noop, cron="* * * * *", overlap="allow", catchup_window=150)
     cron_at_scale.pause(job.id)
     first = state(job.id)["occurrence_at"]
@@ -534,6 +537,7 @@ def test_resume_choices_are_bounded_by_the_catchup_window():
 
 
 def test_resume_without_a_choice_follows_the_jobs_policy_at_the_next_claim():
+    clear_of_a_minute_mark()
     job = cron_at_scale.schedule(noop, cron="* * * * *", catchup="latest", catchup_window=600)
     cron_at_scale.pause(job.id)
     shift(job, 5 * 60)
