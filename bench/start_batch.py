@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from pathlib import Path
 from uuid import uuid4
 
@@ -76,9 +77,12 @@ def main(argv=None) -> int:
     tables = ("cron_at_scale_job", "cron_at_scale_jobattempt")
 
     def writes() -> tuple[int, dict[str, tuple[int, int, int]]]:
+        if connection.pg_version >= 150000:
+            with connection.cursor() as c:  # flushed as the backend goes idle after this statement
+                c.execute("SELECT pg_stat_force_next_flush()")
+        else:
+            time.sleep(1.0)  # the statistics collector's delay before PostgreSQL 15
         with connection.cursor() as c:
-            c.execute("SELECT pg_stat_force_next_flush()")
-        with connection.cursor() as c:  # the next statement flushes this backend's counters first
             c.execute("SELECT pg_stat_clear_snapshot()")
             c.execute("SELECT pg_current_wal_insert_lsn() - '0/0'::pg_lsn")
             (lsn,), = c.fetchall()
