@@ -63,7 +63,8 @@ CPU is read from /proc/<pid>/stat (user + system) before and after each measured
 part, for the processes on this machine: ``postgres`` is this database's backends
 and the backends that exited meanwhile (the postmaster's reaped children: a pool process
 drops its connection every ``CELERY_DB_REUSE_MAX`` tasks, and a backend's CPU would go
-with it; on a shared server other databases' exited backends count too), ``pg_aux`` the server's background processes (walwriter, checkpointer, ...), shared
+with it; on a shared server other databases' exited backends count too), ``pg_aux``
+the server's background processes (walwriter, checkpointer, ...), shared
 with any other database of the server, as ``broker`` (redis-server) is with other
 Redis dbs: on a shared server those two count others' work too.
 """
@@ -133,7 +134,10 @@ def cpu_ms_per(before: dict, after: dict, n: int, groups=CPU_GROUPS) -> dict[str
     def used(g: str) -> float:
         # A process that exited in between counts in its parent's reaped total (a negative pid) with its
         # whole life: take off what it had used before this window.
-        gone = sum(cpu for pid, cpu in before[g].items() if pid > 0 and pid not in after[g])
+        # (The postmaster's reaped total is in "postgres"; its exited children were "postgres" or "pg_aux".)
+        shares = ("postgres", "pg_aux") if g == "postgres" else (g,)
+        gone = sum(cpu for h in shares if h in before for pid, cpu in before[h].items()
+                   if pid > 0 and pid not in after[h])
         return sum(cpu - before[g].get(pid, 0.0) for pid, cpu in after[g].items()) - gone
 
     out = {g: round(1000 * used(g) / n, 3) for g in groups if after[g]}

@@ -76,3 +76,19 @@ def test_the_benchmark_runs_at_a_small_size_and_prints_a_json_line(transactional
     assert all(isinstance(t["met"], bool) for t in r["targets"])
     assert r["machine"]["cpus"] and r["machine"]["load_start"]
     assert "target" in proc.stderr  # the table
+
+
+def test_the_cpu_count_keeps_processes_that_exited_during_the_window():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_run", ROOT / "bench" / "run.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    groups = ("pool", "postgres", "pg_aux")
+    # pool process 5 exits (2.0 s before the window, 2.5 at its end: its parent, 1, reaps it), 6 starts;
+    # backend 20 exits (3.0 → 4.0), an autovacuum worker (pg_aux, 0.5 → 0.7) too: the postmaster 9 reaps both
+    before = {"pool": {-1: 0.0, 5: 2.0}, "postgres": {-9: 10.0, 20: 3.0, 21: 1.0}, "pg_aux": {30: 0.5}}
+    after = {"pool": {-1: 2.5, 6: 0.2}, "postgres": {-9: 14.7, 21: 1.5}, "pg_aux": {}}
+    used = bench.cpu_ms_per(before, after, 1000, groups)
+    assert used["pool"] == 0.7  # ms per item: (0.5 + 0.2) s over 1,000
+    assert used["postgres"] == 1.7  # 1.0 + 0.5 + the autovacuum worker's 0.2
