@@ -45,6 +45,7 @@ import weakref
 from typing import Any
 from uuid import uuid4
 
+from celery.worker import state as worker_state
 from celery.worker.strategy import default as celery_strategy
 from kombu.asynchronous import get_event_loop
 
@@ -61,8 +62,9 @@ log = logging.getLogger(__name__)
 STARTED = "cron_at_scale_started"  # request_dict key: {"row": the started row or None, "token", "until"}
 FRESH = 1.0  # seconds a batch's start stands for the pool process that begins the message
 MAX_BATCH = 200  # messages per statement; more received within HOLD make several
-# Seconds the first message of a batch waits for others: Celery's Redis transport hands over one
-# message per pass of the event loop (one BRPOP each), so a batch of one pass is mostly one.
+# Seconds the first message of a batch waits for others while the pool is busy: Celery's Redis
+# transport hands over one message per pass of the event loop (one BRPOP each), so a batch of one
+# pass is mostly one. With a pool slot free nothing waits: the message would run at once.
 HOLD = 0.003
 
 
@@ -180,14 +182,18 @@ class BatchStarter:
         self.lock = threading.Lock()
         self.waiting = Waiting()
 
-    def receiver(self, handle):
+    def receiver(self, handle, consumer=None):
         """The ``on_task_request`` of the consumer view: scheduled requests are batched, others go
-        to ``handle`` (Celery's own) at once."""
+        to ``handle`` (Celery's own) at once. ``consumer`` (Celery's) tells how many requests its
+        pool can run at once."""
         def receive(request):
-            self.receive(handle, request)
+            self.receive(handle, request, slots=_pool_slots(consumer))
         return receive
 
-    def receive(self, handle, request) -> None:
+    def receive(self, handle, request, slots: int | None = None) -> None:
+        """Queue ``request`` for the next batch; start the batch now if it is full, if there is no
+        event loop to wait on, or if a pool slot is free (fewer than ``slots`` requests reserved,
+        this one included: a held message would only wait), else within ``HOLD`` seconds."""
         header = (request.request_dict or {}).get(HEADER)
         if not isinstance(header, dict):
             handle(request)
@@ -196,7 +202,7 @@ class BatchStarter:
             self.queue.append((handle, request))
             first, full = len(self.queue) == 1, len(self.queue) >= MAX_BATCH
         hub = get_event_loop()
-        if full or hub is None:  # a pool without an event loop: a batch of what is here now
+        if full or hub is None or (slots is not None and len(worker_state.reserved_requests) <= slots):
             self.flush()
         elif first:
             hub.call_later(HOLD, self.flush)
@@ -246,6 +252,14 @@ class BatchStarter:
 starter = BatchStarter()
 
 
+def _pool_slots(consumer) -> int | None:
+    """How many requests ``consumer``'s pool runs at once (its processes or threads), or None."""
+    try:
+        return max(1, int(consumer.pool.num_processes))
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 class _ConsumerView:
     """Celery's consumer, but for ``on_task_request``: what the strategy hands to the pool goes
     through the batch starter first."""
@@ -263,7 +277,7 @@ def strategy(task, app, consumer, **kwargs):
     ``BATCH_STARTS`` is on."""
     if not conf.get("BATCH_STARTS"):
         return celery_strategy(task, app, consumer, **kwargs)
-    return celery_strategy(task, app, _ConsumerView(consumer, starter.receiver(consumer.on_task_request)), **kwargs)
+    return celery_strategy(task, app, _ConsumerView(consumer, starter.receiver(consumer.on_task_request, consumer)), **kwargs)
 
 
 class BatchStarts(Middleware):

@@ -154,3 +154,44 @@ def test_the_waiting_ones_leases_are_renewed_until_a_pool_process_accepts_them()
     assert (after[a[0]] - before[a[0]]).total_seconds() > 30  # RUN_LEASE from now
     assert after[b[0]] == before[b[0]]  # accepted: its pool process's heartbeat renews it
     assert list(waiting.heartbeat.running) == [(a[0], a[1])]
+
+
+def test_a_message_starts_at_once_while_a_pool_slot_is_free_and_waits_for_others_while_busy():
+    from celery.worker import state as worker_state
+    from kombu.asynchronous import Hub, get_event_loop, set_event_loop
+
+    from cron_at_scale.broker.message import HEADER
+
+    (a, b, c) = claimed(3)
+
+    class Request:  # Celery's request as the strategy hands it over
+        def __init__(self, job):
+            self.id = token()
+            self.request_dict = {HEADER: {"job_id": job[0], "attempt": job[1]}}
+            self.worker_pid = None
+
+    handed: list = []
+    starter = batch_start.BatchStarter()
+    starter.waiting.thread_host.stop()
+    ra, rb, rc = Request(a), Request(b), Request(c)
+    previous, hub = get_event_loop(), Hub()
+    set_event_loop(hub)
+    try:
+        worker_state.reserved_requests.add(ra)
+        starter.receive(handed.append, ra, slots=2)  # a free slot: started and handed over now
+        assert handed == [ra]
+        worker_state.reserved_requests.update([rb, rc])  # two pool slots, three reserved: busy
+        starter.receive(handed.append, rb, slots=2)
+        starter.receive(handed.append, rc, slots=2)
+        assert handed == [ra]  # held for others
+        time.sleep(batch_start.HOLD * 2)
+        hub.fire_timers(propagate=(Exception,))
+        assert handed == [ra, rb, rc]
+    finally:
+        set_event_loop(previous)
+        for r in (ra, rb, rc):
+            worker_state.reserved_requests.discard(r)
+    started = {str(x.job_id): x.started_at for x in JobAttempt.objects.all()}
+    assert all(x is not None for x in started.values())
+    assert started[b[0]] == started[c[0]] != started[a[0]]  # b and c in one statement, a alone
+    assert all(batch_start.started_of(r)["row"]["outcome"] == "running" for r in (ra, rb, rc))
