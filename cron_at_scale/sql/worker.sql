@@ -109,7 +109,7 @@ WITH done AS (
            OR (r.outcome = 'running' AND r.run_token = %(token)s))
 ), started AS (
     UPDATE cron_at_scale_jobattempt AS a
-    SET started_at = COALESCE(a.started_at, statement_timestamp()),
+    SET started_at = statement_timestamp(),  -- also when confirming its own start: a begun run's mark
         outcome = CASE WHEN a.outcome = 'running' THEN 'running'
                        WHEN j.status = 'cancelled' THEN 'cancelled'
                        WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'
@@ -195,7 +195,7 @@ WITH msg AS MATERIALIZED (
           OR (r.outcome = 'running' AND r.run_token = m.token)
 ), started AS (
     UPDATE cron_at_scale_jobattempt AS a
-    SET started_at = COALESCE(a.started_at, statement_timestamp()),
+    SET started_at = statement_timestamp(),  -- also when confirming its own start: a begun run's mark
         outcome = CASE WHEN a.outcome = 'running' THEN 'running'
                        WHEN j.status = 'cancelled' THEN 'cancelled'
                        WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'
@@ -259,6 +259,26 @@ WHERE a.id = ANY(ARRAY(
         CROSS JOIN LATERAL (SELECT id FROM cron_at_scale_jobattempt
                             WHERE job_id = r.job_id AND attempt = r.attempt LIMIT 1) AS o))
   AND a.outcome = 'running' AND a.finished_at IS NULL AND a.run_token = ANY(%(tokens)s::uuid[]);
+
+-- name: set_aside_waiting_attempts :prepared :async  -- run by: cron_at_scale.worker.batch_start
+-- Started in a batch (start_attempts) and still waiting in the worker's main process for a pool
+-- process after the batch's start stopped standing for it (FRESH): no longer marked started
+-- (started_at NULL), so that if the whole worker dies now, the reaper counts the attempt as lost
+-- before any worker began it, not toward MAX_LOST_ATTEMPTS. The pool process that begins it
+-- later starts it again under its token, which marks it started anew. Only a row still as the
+-- batch left it (its token, its started_at): one a pool process started again meanwhile keeps
+-- its mark. Asynchronous commit: lost in a crash of PostgreSQL, the attempt stays marked, as
+-- it was (counted if the worker dies).
+UPDATE cron_at_scale_jobattempt AS a
+SET started_at = NULL
+FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[], %(tokens)s::uuid[], %(started)s::timestamptz[])
+     AS r(job_id, attempt, token, started_at)
+WHERE a.id = ANY(ARRAY(
+        SELECT o.id FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[]) AS k(job_id, attempt)
+        CROSS JOIN LATERAL (SELECT id FROM cron_at_scale_jobattempt
+                            WHERE job_id = k.job_id AND attempt = k.attempt LIMIT 1) AS o))
+  AND a.job_id = r.job_id AND a.attempt = r.attempt
+  AND a.outcome = 'running' AND a.finished_at IS NULL AND a.run_token = r.token AND a.started_at = r.started_at;
 
 -- name: finish_attempt :prepared  -- run by: cron_at_scale.worker.attempts
 -- Close an attempt and, for a one-off job still on this attempt, set its

@@ -26,9 +26,15 @@ The rules that keep a batch's start as safe as a pool process's own:
 * **A dead pool process** is recorded by :mod:`cron_at_scale.worker.lost`, which finds the
   attempt by its run token.
 
+* **Set aside when waiting.** A started message still waiting for a pool process once its batch's
+  start no longer stands (:data:`FRESH`, and as long again) is unmarked as started
+  (:meth:`Waiting.set_aside`), so that if the whole worker dies the reaper counts it as lost before
+  any worker began it, not toward ``MAX_LOST_ATTEMPTS``.
+
 What it costs: if the whole worker is killed (``kill -9`` of its main process) the attempts of
-its started batch that no pool process had begun are reaped after ``RUN_LEASE`` and fired again,
-and each counts as a lost attempt toward ``MAX_LOST_ATTEMPTS``, as the one that was running does.
+its started batch that no pool process had begun are reaped after ``RUN_LEASE`` and fired again;
+those started within the last ~2 s (not yet set aside) count as lost attempts toward
+``MAX_LOST_ATTEMPTS``, as the one that was running does.
 
 Wired as the task class's Celery strategy (``JobTask.Strategy``, Celery's documented
 ``Task.Strategy``): Celery's own ``default`` strategy, given a view of the consumer whose
@@ -87,12 +93,16 @@ def fresh_row(started: dict):
 class _WaitingRun:
     """A started message no pool process accepted yet, as the heartbeat sees it."""
 
-    __slots__ = ("job_id", "attempt", "token", "request", "cancel_requested", "lease_lost")
+    __slots__ = ("job_id", "attempt", "token", "request", "cancel_requested", "lease_lost", "started_at", "stands_until")
 
-    def __init__(self, job_id: str, attempt: int, token: str, request: Any) -> None:
+    def __init__(self, job_id: str, attempt: int, token: str, request: Any, started_at: Any = None,
+                 stands_until: float = float("inf")) -> None:
         self.job_id, self.attempt, self.token = job_id, attempt, token
         self.request = weakref.ref(request)
         self.cancel_requested = self.lease_lost = False
+        # the batch's started_at (aware UTC), and until when (monotonic) the batch's start stands
+        # for the pool process that begins it; after that it is set aside (Waiting.set_aside)
+        self.started_at, self.stands_until = started_at, stands_until
 
     def state(self) -> str:
         """``accepted`` (a pool process took it: its own heartbeat has it), ``waiting``, or ``gone``
@@ -112,6 +122,7 @@ class Waiting:
         self.heartbeat = Heartbeat()
         self.thread_host = attempts.BatchCompleter()  # its thread and connection, not the pool's
         self.thread_host.every(lambda: float(conf.get("HEARTBEAT_INTERVAL")), self.beat)
+        self.thread_host.every(FRESH, self._set_aside_due)
 
     def accepted(self, request: Any) -> None:
         """A pool process accepted ``request`` (Celery's ``Request.on_accepted``, main process): its
@@ -149,6 +160,34 @@ class Waiting:
             self.hand_back(gone)
         if waiting:
             self.heartbeat.beat()
+
+    def set_aside(self, now: float | None = None) -> int:
+        """Unmark as started (``set_aside_waiting_attempts``) the waiting runs whose batch start no
+        longer stands for a pool process (:data:`FRESH` and a margin the same again, on the
+        monotonic clock ``now``), each once: a ``kill -9`` of the whole worker then costs them no
+        lost attempt. Return how many rows were unmarked."""
+        now = time.monotonic() if now is None else now
+        waiting, _ = self.prune()
+        due = [r for r in waiting if r.started_at is not None and now >= r.stands_until + FRESH]
+        n = 0
+        for alias, group in conf.by_job_alias(due, lambda r: r.job_id).items():
+            with conf.using(alias):
+                try:
+                    n += db.run("set_aside_waiting_attempts", {
+                        "job_ids": [r.job_id for r in group], "attempts": [r.attempt for r in group],
+                        "tokens": [r.token for r in group], "started": [r.started_at for r in group],
+                    }, fetch="count")
+                except Exception as e:  # noqa: BLE001 (left marked: counted if the worker dies, as before)
+                    log.warning("setting aside %d waiting runs on database %r failed: %s", len(group), alias,
+                                str(e).strip()[:200])
+                    db.reset_connection()
+                    continue
+            for r in group:
+                r.started_at = None
+        return n
+
+    def _set_aside_due(self) -> None:
+        self.set_aside()
 
     def hand_back(self, runs: list[_WaitingRun] | None = None) -> int:
         """Put ``runs`` (by default every run not accepted: the worker stops) back to ``dispatched``;
@@ -225,7 +264,7 @@ class BatchStarter:
                     "row": None if row is None else {k: v for k, v in row._asdict().items() if k != "token"},
                     "token": token, "until": until}
                 if row is not None and row.outcome == "running":
-                    self.waiting.add(_WaitingRun(job_id, row.attempt, token, request))
+                    self.waiting.add(_WaitingRun(job_id, row.attempt, token, request, row.started_at, until))
             try:
                 handle(request)
             except Exception:  # noqa: BLE001 (Celery's handler failing one request must not drop the rest)

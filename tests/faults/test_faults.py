@@ -108,6 +108,32 @@ def test_worker_killed_mid_task_with_batched_starts(env):
     _worker_killed_mid_task(env, {**BASE, "BATCH_STARTS": True}, "1 worker kill -9 mid-task, batched starts")
 
 
+def test_worker_killed_with_batched_starts_waiting_counts_only_the_run_it_began(env):
+    """BATCH_STARTS: a worker killed -9 while messages its main process started wait behind its one
+    busy pool process. Once their batch's start no longer stands (``FRESH``) they are set aside, so
+    the reaper counts only the run the pool process had begun toward ``MAX_LOST_ATTEMPTS``; the
+    others are lost before any worker began them. None lost, none run twice (outside ledger)."""
+    s = env.system({**BASE, "BATCH_STARTS": True})
+    s.worker("wa", concurrency=1)  # prefetch 4: one runs, three wait in the main process
+    s.dispatcher("d1")
+    s.wait_workers(["wa"])
+    t0 = time.monotonic()
+    jobs = schedule_once(env.db, [(0.2, "demo.tasks.sleep", {"seconds": 8.0}) for _ in range(4)])
+    deadline = time.monotonic() + 20
+    while len(running_attempts(env.db)) < 4:
+        assert time.monotonic() < deadline, f"the four messages were not started in the worker:\n{s.logs()}"
+        time.sleep(0.05)
+    time.sleep(4.0)  # the batch's start stood FRESH (1 s); set aside within the next two
+    unmarked = env.db.one("SELECT count(*) FROM cron_at_scale_jobattempt WHERE outcome = 'running' AND started_at IS NULL")
+    assert unmarked == 3, f"{unmarked} of the three waiting runs set aside"
+    s.kill9("wa")
+    s.worker("wb", concurrency=2)
+    finish(env, s, "1 worker kill -9, batched starts waiting", t0, extra={"waiting": 3})
+    lost = env.db.q("SELECT lost_attempts, dispatch_losses FROM cron_at_scale_job WHERE id = ANY(%s::uuid[])",
+                    ([str(j) for j in jobs],))
+    assert sorted(lost) == [(0, 1), (0, 1), (0, 1), (1, 0)], lost  # only the run begun counts
+
+
 # ---------------------------------------------------------------------------
 # 2. kill -9 of a dispatcher between its claim commit and its publish
 # ---------------------------------------------------------------------------

@@ -195,3 +195,40 @@ def test_a_message_starts_at_once_while_a_pool_slot_is_free_and_waits_for_others
     assert all(x is not None for x in started.values())
     assert started[b[0]] == started[c[0]] != started[a[0]]  # b and c in one statement, a alone
     assert all(batch_start.started_of(r)["row"]["outcome"] == "running" for r in (ra, rb, rc))
+
+
+def test_a_run_left_waiting_past_its_start_is_set_aside_so_the_worker_dying_costs_its_job_no_lost_attempt():
+    from cron_at_scale.models import Job
+
+    (a, b, c) = claimed(3)
+    ta, tb, tc = token(), token(), token()
+    by_token = {str(r.token): r for r in attempts.write_many([(*a, ta), (*b, tb), (*c, tc)], "host:1")}
+    rows = {a[0]: by_token[ta], b[0]: by_token[tb], c[0]: by_token[tc]}
+
+    class Request:
+        def __init__(self, pid):
+            self.worker_pid = pid
+
+    waiting = batch_start.Waiting()
+    waiting.thread_host.stop()
+    keep = [Request(None), Request(None), Request(None)]
+    now = time.monotonic()
+    waiting.add(batch_start._WaitingRun(a[0], a[1], ta, keep[0], rows[a[0]].started_at, now - 2 * batch_start.FRESH))
+    waiting.add(batch_start._WaitingRun(b[0], b[1], tb, keep[1], rows[b[0]].started_at, now))  # still stands
+    # c waited as long, but its pool process began it meanwhile and started it again (its own mark)
+    waiting.add(batch_start._WaitingRun(c[0], c[1], tc, keep[2], rows[c[0]].started_at, now - 2 * batch_start.FRESH))
+    time.sleep(0.01)
+    again = attempts.write(c[0], c[1], "host:2", tc, [])
+    assert again is not None and again.outcome == "running" and again.started_at > rows[c[0]].started_at
+    assert waiting.set_aside() == 1
+    assert waiting.set_aside() == 0  # each once
+    assert attempt_of(a[0]).started_at is None and attempt_of(a[0]).outcome == "running"
+    assert attempt_of(b[0]).started_at == rows[b[0]].started_at
+    assert attempt_of(c[0]).started_at == again.started_at
+
+    # the whole worker dies: every lease runs out and the reaper takes them
+    sql("UPDATE cron_at_scale_jobattempt SET locked_until = statement_timestamp() - interval '1 second'")
+    assert Dispatcher(name="t", shards="all", publisher=RecordingPublisher(), hold_unconsumed=False).reap() == 3
+    lost = {str(j.id): (j.lost_attempts, j.dispatch_losses, j.status) for j in Job.objects.all()}
+    assert lost[a[0]] == (0, 1, "pending")  # set aside: lost before any pool process began it
+    assert lost[b[0]][0] == 1 and lost[c[0]][0] == 1  # within FRESH of its start, or begun: counted
