@@ -110,12 +110,16 @@ def loop_spans(path: Path) -> dict[str, dict]:
 
 def hop_table(jobs: dict[str, dict[str, float]]) -> dict[str, dict]:
     """p50/p99/max (ms) of each hop, from the hop before it that the job has, and of the total."""
-    chain = [h for h in HOPS if h != "woke"]
+    hops = [h for h in HOPS if h != "woke"]
     out: dict[str, dict] = {}
     spans: dict[str, list[float]] = {}
     for t in jobs.values():
-        if not all(h in t for h in chain):
+        if not all(h in t for h in hops):
             continue
+        chain = hops
+        if t["started"] <= t["prerun"]:  # BATCH_STARTS: started by the worker's parent, before a pool child
+            chain = [h for h in hops if h != "started"]
+            chain.insert(chain.index("prerun"), "started")
         for a, b in zip(chain, chain[1:], strict=False):
             spans.setdefault(f"{a} -> {b}", []).append((t[b] - t[a]) * 1000)
         if "woke" in t:  # the notification's share of scheduled -> claim_start

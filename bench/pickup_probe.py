@@ -76,6 +76,18 @@ if DIR:
 
     BatchCompleter.start = _timed_start  # type: ignore[method-assign]
 
+    from cron_at_scale.worker import attempts as _attempts
+
+    _write_many = _attempts.write_many
+
+    @functools.wraps(_write_many)
+    def _timed_write_many(messages, worker):  # BATCH_STARTS: the main process's batch start returned
+        rows = _write_many(messages, worker)
+        record("started", [m[0] for m in messages])
+        return rows
+
+    _attempts.write_many = _timed_write_many
+
 
 def install_dispatcher_probes() -> None:
     """In the dispatcher's process: the wake-up (NOTIFY received), the claim's commit, the publish."""
