@@ -51,6 +51,7 @@ import weakref
 from typing import Any
 from uuid import uuid4
 
+from celery.concurrency.solo import TaskPool as SoloPool
 from celery.worker import state as worker_state
 from celery.worker.strategy import default as celery_strategy
 from kombu.asynchronous import get_event_loop
@@ -167,8 +168,10 @@ class Waiting:
         monotonic clock ``now``), each once: a ``kill -9`` of the whole worker then costs them no
         lost attempt. Return how many rows were unmarked."""
         now = time.monotonic() if now is None else now
-        waiting, _ = self.prune()
-        due = [r for r in waiting if r.started_at is not None and now >= r.stands_until + FRESH]
+        with self.heartbeat.lock:  # not pruned here: the gone ones are for beat and hand_back
+            runs: list[Any] = list(self.heartbeat.running.values())
+        due = [r for r in runs if isinstance(r, _WaitingRun) and r.started_at is not None
+               and now >= r.stands_until + FRESH and r.state() == "waiting"]
         n = 0
         for alias, group in conf.by_job_alias(due, lambda r: r.job_id).items():
             with conf.using(alias):
@@ -292,7 +295,11 @@ starter = BatchStarter()
 
 
 def _pool_slots(consumer) -> int | None:
-    """How many requests ``consumer``'s pool runs at once (its processes or threads), or None."""
+    """How many requests ``consumer``'s pool runs at once (its processes or threads), or None: the
+    solo pool runs each request inside the hand-over, so a free slot there says nothing of what
+    else is arriving, and its batches come from the hold alone."""
+    if isinstance(getattr(consumer, "pool", None), SoloPool):
+        return None
     try:
         return max(1, int(consumer.pool.num_processes))
     except (AttributeError, TypeError, ValueError):

@@ -119,9 +119,10 @@ def test_worker_killed_with_batched_starts_waiting_counts_only_the_run_it_began(
     s.wait_workers(["wa"])
     t0 = time.monotonic()
     jobs = schedule_once(env.db, [(0.2, "demo.tasks.sleep", {"seconds": 8.0}) for _ in range(4)])
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60
     while len(running_attempts(env.db)) < 4:
-        assert time.monotonic() < deadline, f"the four messages were not started in the worker:\n{s.logs()}"
+        assert time.monotonic() < deadline, \
+            f"{len(running_attempts(env.db))} of the four messages started in the worker:\n{s.logs()}"
         time.sleep(0.05)
     time.sleep(4.0)  # the batch's start stood FRESH (1 s); set aside within the next two
     unmarked = env.db.one("SELECT count(*) FROM cron_at_scale_jobattempt WHERE outcome = 'running' AND started_at IS NULL")
