@@ -170,8 +170,7 @@ class Waiting:
         now = time.monotonic() if now is None else now
         with self.heartbeat.lock:  # not pruned here: the gone ones are for beat and hand_back
             runs: list[Any] = list(self.heartbeat.running.values())
-        due = [r for r in runs if isinstance(r, _WaitingRun) and r.started_at is not None
-               and now >= r.stands_until + FRESH and r.state() == "waiting"]
+        due = [r for r in runs if r.started_at is not None and now >= r.stands_until + FRESH and r.state() == "waiting"]
         n = 0
         for alias, group in conf.by_job_alias(due, lambda r: r.job_id).items():
             with conf.using(alias):
@@ -234,8 +233,8 @@ class BatchStarter:
 
     def receive(self, handle, request, slots: int | None = None) -> None:
         """Queue ``request`` for the next batch; start the batch now if it is full, if there is no
-        event loop to wait on, or if a pool slot is free (fewer than ``slots`` requests reserved,
-        this one included: a held message would only wait), else within ``HOLD`` seconds."""
+        event loop to wait on, or if a pool slot is free (no more than ``slots`` requests reserved,
+        this one included: it would run at once), else within ``HOLD`` seconds."""
         header = (request.request_dict or {}).get(HEADER)
         if not isinstance(header, dict):
             handle(request)
