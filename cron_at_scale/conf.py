@@ -55,9 +55,9 @@ DEFAULTS: dict[str, Any] = {
     # Heartbeat period: a third of the run lease, so two missed beats still keep it.
     "HEARTBEAT_INTERVAL": 20.0,
     # The worker's main process starts the scheduled messages it received together, in one
-    # statement, before any reaches a pool process (cron_at_scale.worker.batch_start); off: each
-    # pool process starts its own message.
-    "BATCH_STARTS": False,
+    # statement, before any reaches a pool process, while its pool is busy
+    # (cron_at_scale.worker.batch_start); off: each pool process starts its own message.
+    "BATCH_STARTS": True,
     # How often a dispatcher looks for expired leases.
     "REAPER_INTERVAL": 1.0,
     # Lost attempts (lease expired, nobody finished) after which a job goes to the DLQ:

@@ -232,18 +232,29 @@ class BatchStarter:
         return receive
 
     def receive(self, handle, request, slots: int | None = None) -> None:
-        """Queue ``request`` for the next batch; start the batch now if it is full, if there is no
-        event loop to wait on, or if a pool slot is free (no more than ``slots`` requests reserved,
-        this one included: it would run at once), else within ``HOLD`` seconds."""
+        """Queue ``request`` for the next batch; start the batch now if it is full or if there is no
+        event loop to wait on, else within ``HOLD`` seconds. With a pool slot free (no more than
+        ``slots`` requests reserved, this one included: it runs at once) nothing waits: a batch
+        already held is started now with it, and a request alone goes to the pool unstarted, its
+        pool process starting it (``start_attempt``, which also carries that process's completions:
+        a batch of one would be a statement more, on the main process's event loop)."""
         header = (request.request_dict or {}).get(HEADER)
         if not isinstance(header, dict):
             handle(request)
             return
+        free = slots is not None and len(worker_state.reserved_requests) <= slots
         with self.lock:
-            self.queue.append((handle, request))
+            if free and not self.queue:
+                alone = True
+            else:
+                alone = False
+                self.queue.append((handle, request))
             first, full = len(self.queue) == 1, len(self.queue) >= MAX_BATCH
+        if alone:
+            handle(request)
+            return
         hub = get_event_loop()
-        if full or hub is None or (slots is not None and len(worker_state.reserved_requests) <= slots):
+        if full or free or hub is None:
             self.flush()
         elif first:
             hub.call_later(HOLD, self.flush)

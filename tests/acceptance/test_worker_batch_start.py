@@ -43,9 +43,10 @@ def test_a_worker_with_batched_starts_runs_every_job_once_started_by_its_main_pr
     assert len(rows) == len(ids) and {a.outcome for a in rows} == {"succeeded"}
     by_main = sum(a.worker == f"{socket.gethostname()}:{main.pid}" for a in rows)
     if pool == "prefork":
-        # Started by the main process (its name on the attempt), a few by a pool process that began its
-        # message more than FRESH after its batch (a busy box) and confirmed it.
-        assert by_main >= 0.8 * len(rows), Counter(a.worker for a in rows)
+        # Started by the main process (its name on the attempt) while the pool is busy; by a pool process
+        # when a message came with a slot free and nothing held (the first ones, the last ones), or when
+        # it began its message more than FRESH after its batch (a busy box) and confirmed it.
+        assert by_main >= 0.5 * len(rows), Counter(a.worker for a in rows)
     else:  # one process: the worker's
         assert by_main == len(rows), Counter(a.worker for a in rows)
     batches = Counter(a.started_at for a in rows)  # one statement per batch: its rows share started_at

@@ -98,7 +98,8 @@ def _worker_killed_mid_task(env, settings: dict, scenario: str):
 
 
 def test_worker_killed_mid_task(env):
-    _worker_killed_mid_task(env, BASE, "1 worker kill -9 mid-task")
+    """Each message started by the pool process that runs it (``BATCH_STARTS`` off)."""
+    _worker_killed_mid_task(env, {**BASE, "BATCH_STARTS": False}, "1 worker kill -9 mid-task")
 
 
 def test_worker_killed_mid_task_with_batched_starts(env):
@@ -856,7 +857,8 @@ def _crash(pg) -> None:
 
 
 def test_an_attempt_started_before_a_postgres_crash_never_runs_again_under_its_number(env, tmp_path):
-    _crash_right_after_a_start(env, tmp_path, {}, "postgres crash right after a start")
+    """The start made by the pool process that runs the task (``BATCH_STARTS`` off)."""
+    _crash_right_after_a_start(env, tmp_path, {"BATCH_STARTS": False}, "postgres crash right after a start")
 
 
 def test_an_attempt_started_in_a_batch_before_a_postgres_crash_never_runs_again_under_its_number(env, tmp_path):
@@ -969,7 +971,8 @@ WORKER_STALL = {**BASE, "RUN_LEASE": 2.0, "HEARTBEAT_INTERVAL": 0.5, "REAPER_INT
 
 
 def test_the_success_of_a_worker_stalled_past_its_run_lease_is_recorded(env, tmp_path):
-    _worker_stalled_mid_task(env, tmp_path, WORKER_STALL, "worker stalled > RUN_LEASE mid-task")
+    """The start made by the pool process that runs the task (``BATCH_STARTS`` off)."""
+    _worker_stalled_mid_task(env, tmp_path, {**WORKER_STALL, "BATCH_STARTS": False}, "worker stalled > RUN_LEASE mid-task")
 
 
 def test_the_success_of_a_worker_with_batched_starts_stalled_past_its_run_lease_is_recorded(env, tmp_path):

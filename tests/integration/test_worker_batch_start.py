@@ -21,6 +21,21 @@ from cron_at_scale.worker.middleware.start import IdempotentStart
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+@pytest.fixture(autouse=True)
+def _lease_threads_stopped(monkeypatch):
+    """Every ``Waiting`` a test makes has its lease thread (and that thread's connection) ended after it."""
+    made: list = []
+    real_init = batch_start.Waiting.__init__
+
+    def init(self):
+        real_init(self)
+        made.append(self)
+    monkeypatch.setattr(batch_start.Waiting, "__init__", init)
+    yield
+    for waiting in made:
+        waiting.thread_host.stop()
+
+
 def claimed(n: int) -> list[tuple[str, int]]:
     """n one-off jobs claimed (their messages not sent): [(job_id, attempt)]."""
     cron_at_scale.schedule_many([{"task": noop.name, "args": [i]} for i in range(n)])
@@ -156,13 +171,13 @@ def test_the_waiting_ones_leases_are_renewed_until_a_pool_process_accepts_them()
     assert list(waiting.heartbeat.running) == [(a[0], a[1])]
 
 
-def test_a_message_starts_at_once_while_a_pool_slot_is_free_and_waits_for_others_while_busy():
+def test_a_message_goes_at_once_while_a_pool_slot_is_free_and_waits_for_others_while_busy():
     from celery.worker import state as worker_state
     from kombu.asynchronous import Hub, get_event_loop, set_event_loop
 
     from cron_at_scale.broker.message import HEADER
 
-    (a, b, c) = claimed(3)
+    (a, b, c, d, e) = claimed(5)
 
     class Request:  # Celery's request as the strategy hands it over
         def __init__(self, job):
@@ -173,12 +188,12 @@ def test_a_message_starts_at_once_while_a_pool_slot_is_free_and_waits_for_others
     handed: list = []
     starter = batch_start.BatchStarter()
     starter.waiting.thread_host.stop()
-    ra, rb, rc = Request(a), Request(b), Request(c)
+    ra, rb, rc, rd, rx = (Request(x) for x in (a, b, c, d, e))
     previous, hub = get_event_loop(), Hub()
     set_event_loop(hub)
     try:
         worker_state.reserved_requests.add(ra)
-        starter.receive(handed.append, ra, slots=2)  # a free slot: started and handed over now
+        starter.receive(handed.append, ra, slots=2)  # a free slot, nothing held: handed over now, unstarted
         assert handed == [ra]
         worker_state.reserved_requests.update([rb, rc])  # two pool slots, three reserved: busy
         starter.receive(handed.append, rb, slots=2)
@@ -187,14 +202,21 @@ def test_a_message_starts_at_once_while_a_pool_slot_is_free_and_waits_for_others
         time.sleep(batch_start.HOLD * 2)
         hub.fire_timers(propagate=(Exception,))
         assert handed == [ra, rb, rc]
+        worker_state.reserved_requests.add(rd)
+        starter.receive(handed.append, rd, slots=2)  # busy: held ...
+        worker_state.reserved_requests.difference_update([ra, rb, rc])
+        worker_state.reserved_requests.add(rx)
+        starter.receive(handed.append, rx, slots=2)  # ... until a slot is free: the held one goes with it
+        assert handed == [ra, rb, rc, rd, rx]
     finally:
         set_event_loop(previous)
-        for r in (ra, rb, rc):
+        for r in (ra, rb, rc, rd, rx):
             worker_state.reserved_requests.discard(r)
     started = {str(x.job_id): x.started_at for x in JobAttempt.objects.all()}
-    assert all(x is not None for x in started.values())
-    assert started[b[0]] == started[c[0]] != started[a[0]]  # b and c in one statement, a alone
-    assert all(batch_start.started_of(r)["row"]["outcome"] == "running" for r in (ra, rb, rc))
+    assert started[a[0]] is None and batch_start.started_of(ra) is None  # its pool process starts it
+    assert started[b[0]] == started[c[0]] is not None  # b and c in one statement
+    assert started[d[0]] == started[e[0]] and started[d[0]] not in (None, started[b[0]])  # d and e in the next
+    assert all(batch_start.started_of(r)["row"]["outcome"] == "running" for r in (rb, rc, rd, rx))
 
 
 def test_a_run_left_waiting_past_its_start_is_set_aside_so_the_worker_dying_costs_its_job_no_lost_attempt():

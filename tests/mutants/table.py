@@ -37,13 +37,19 @@ FAULTS = "tests/faults/test_faults.py::"
 SQL_TESTS = "tests/integration/test_sql.py::"
 BOTH = ("celery", "cron_dispatcher")
 
-# start_attempt refuses a start before its scheduled_at, and says how early (the 'early' row)
+# Both start statements (one message: start_attempt; a batch: start_attempts) refuse a start before
+# its scheduled_at, and say how early (the 'early' row)
 _NO_START_CHECK = (
     Edit(WORKER_SQL, "      AND a.scheduled_at <= statement_timestamp()\n    RETURNING a.outcome,",
          "    RETURNING a.outcome,"),
     Edit(WORKER_SQL, "AND a.outcome = 'dispatched' AND a.scheduled_at > statement_timestamp();",
          "AND false;"),
+    Edit(WORKER_SQL, "      AND a.scheduled_at <= statement_timestamp()\n    RETURNING t.token, a.outcome,",
+         "    RETURNING t.token, a.outcome,"),
+    Edit(WORKER_SQL, "WHERE a.outcome = 'dispatched' AND a.scheduled_at > statement_timestamp();",
+         "WHERE false;"),
 )
+BATCH_TESTS = "tests/integration/test_worker_batch_start.py::"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant("A", 1, "start_attempt commits asynchronously (synchronous_commit off for the start)",
@@ -80,16 +86,24 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/acceptance/test_dispatcher_timers.py::"
             "test_a_worker_whose_clock_steps_ahead_starts_nothing_before_its_fire_at",),
            BOTH),
-    Mutant("F", 4, "a start that does not check scheduled_at (a worker whose clock is ahead starts early)",
+    Mutant("F", 4, "a start (one message's or a batch's) that does not check scheduled_at: a worker whose clock is "
+                   "ahead starts early",
            _NO_START_CHECK,
-           (SQL_TESTS + "test_a_start_before_its_fire_at_by_the_database_clock_is_refused_and_says_how_early",)),
-    Mutant("G", 7, "a cancel committed before the start is not seen by the start: the task runs",
+           (SQL_TESTS + "test_a_start_before_its_fire_at_by_the_database_clock_is_refused_and_says_how_early",
+            BATCH_TESTS + "test_one_statement_starts_a_batch_by_the_rules_of_a_single_start")),
+    Mutant("G", 7, "a cancel committed before the start (one message's or a batch's) is not seen by it: the task runs",
            (Edit(WORKER_SQL, "                       WHEN j.status = 'cancelled' THEN 'cancelled'\n"
                              "                       WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'\n"
                              "                       WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target)",
                  "                       WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'\n"
-                 "                       WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target)"),),
-           ("tests/acceptance/test_dispatcher_loop.py::test_a_job_cancelled_after_its_claim_is_skipped_and_recorded",),
+                 "                       WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target)"),
+            Edit(WORKER_SQL, "                       WHEN j.status = 'cancelled' THEN 'cancelled'\n"
+                             "                       WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'\n"
+                             "                       WHEN statement_timestamp() > a.scheduled_at + t.expiry THEN 'skipped'",
+                 "                       WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'\n"
+                 "                       WHEN statement_timestamp() > a.scheduled_at + t.expiry THEN 'skipped'")),
+           ("tests/acceptance/test_dispatcher_loop.py::test_a_job_cancelled_after_its_claim_is_skipped_and_recorded",
+            BATCH_TESTS + "test_one_statement_starts_a_batch_by_the_rules_of_a_single_start"),
            ("celery",)),
     Mutant("H", 6, "the overlap check (skip, buffer_one) reads the claim's snapshot, taken before its row locks",
            (Edit(DISPATCHER_SQL, "       clock_timestamp() AS db_clock\nFROM rows AS c;",
@@ -155,6 +169,17 @@ MUTANTS: tuple[Mutant, ...] = (
                  "-- name: start_attempts :prepared :async  -- run by:"),),
            (FAULTS + "test_an_attempt_started_in_a_batch_before_a_postgres_crash_never_runs_again_under_its_number",),
            BOTH),
+    Mutant("S", 1, "no fencing in start_attempts: a message of a batch whose attempt another delivery started starts it "
+                   "again",
+           (Edit(WORKER_SQL, "           CASE WHEN r.outcome = 'dispatched' OR r.run_token = m.token THEN r.id ELSE (",
+                 "           CASE WHEN true THEN r.id ELSE ("),
+            Edit(WORKER_SQL, "    WHERE r.outcome = 'dispatched' OR (r.outcome = 'lost' AND r.started_at IS NULL)\n"
+                             "          OR (r.outcome = 'running' AND r.run_token = m.token)\n",
+                 "    WHERE true\n"),
+            Edit(WORKER_SQL, "      AND (a.outcome = 'dispatched' OR (a.outcome = 'running' AND a.run_token = t.token))"
+                             " AND j.id = a.job_id",
+                 "      AND j.id = a.job_id")),
+           (BATCH_TESTS + "test_one_statement_starts_a_batch_by_the_rules_of_a_single_start",)),
 )
 
 BY_ID = {m.id: m for m in MUTANTS}
