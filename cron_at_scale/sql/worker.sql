@@ -109,17 +109,17 @@ WITH done AS (
            OR (r.outcome = 'running' AND r.run_token = %(token)s))
 ), started AS (
     UPDATE cron_at_scale_jobattempt AS a
+    -- Confirming its own start (a batch's, or a try whose reply was lost) the task has not begun
+    -- either: the same checks, so a run cancelled or expired since the batch started is not run.
     SET started_at = statement_timestamp(),  -- also when confirming its own start: a begun run's mark
-        outcome = CASE WHEN a.outcome = 'running' THEN 'running'
-                       WHEN j.status = 'cancelled' THEN 'cancelled'
+        outcome = CASE WHEN j.status = 'cancelled' THEN 'cancelled'
                        WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'
                        WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target) THEN 'skipped'
                        ELSE 'running' END,
-        finished_at = CASE WHEN a.outcome = 'dispatched'
-                            AND (j.status = 'cancelled' OR (j.schedule_type = 'once' AND j.status = 'completed')
-                                 OR statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target))
+        finished_at = CASE WHEN j.status = 'cancelled' OR (j.schedule_type = 'once' AND j.status = 'completed')
+                                OR statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target)
                            THEN statement_timestamp() END,
-        error = CASE WHEN a.outcome <> 'dispatched' OR j.status = 'cancelled' THEN a.error
+        error = CASE WHEN j.status = 'cancelled' THEN a.error
                      WHEN j.schedule_type = 'once' AND j.status = 'completed'
                      THEN 'not run: an earlier attempt of this job succeeded'
                      WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target)

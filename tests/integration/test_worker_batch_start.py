@@ -125,6 +125,26 @@ def test_a_started_row_stands_while_fresh_and_is_confirmed_after(monkeypatch):
     assert statements == []
 
 
+def test_a_run_cancelled_or_expired_while_it_waited_past_its_batch_start_is_not_run():
+    """The confirming start (a pool process begins the message after FRESH) checks what the batch's
+    start checked: the task has not begun, so a cancel or an ``expires`` since then still holds."""
+    cancelled, expired, kept = claimed(3)
+    sql("UPDATE cron_at_scale_job SET options = '{\"expires\": 1}' WHERE id = %s", [expired[0]])
+    toks = [token() for _ in range(3)]
+    rows = attempts.write_many([(*cancelled, toks[0]), (*expired, toks[1]), (*kept, toks[2])], "host:1")
+    assert sorted(r.outcome for r in rows) == ["running"] * 3
+    assert cron_at_scale.cancel(cancelled[0])
+    sql("UPDATE cron_at_scale_jobattempt SET scheduled_at = statement_timestamp() - interval '5 seconds' "
+        "WHERE job_id = %s", [expired[0]])  # it waited in the pool past its expires
+    assert attempts.write(*cancelled, "host:2", toks[0], []).outcome == "cancelled"
+    e = attempts.write(*expired, "host:2", toks[1], [])
+    assert e.outcome == "skipped" and e.error.startswith("expired")
+    assert attempts.write(*kept, "host:2", toks[2], []).outcome == "running"
+    assert {attempt_of(j[0]).outcome for j in (cancelled, expired)} == {"cancelled", "skipped"}
+    assert attempt_of(cancelled[0]).finished_at is not None and attempt_of(expired[0]).finished_at is not None
+    assert Job.objects.get(id=expired[0]).expired_runs == 1
+
+
 def test_started_messages_no_pool_process_began_are_handed_back_and_start_again():
     (a, b) = claimed(2)
     ta, tb = token(), token()
