@@ -48,6 +48,7 @@ import logging
 import threading
 import time
 import weakref
+from datetime import datetime
 from typing import Any
 from uuid import uuid4
 
@@ -88,7 +89,25 @@ def fresh_row(started: dict):
     not to run), or raise ``LookupError``: the pool process must start the message itself."""
     if time.monotonic() >= started["until"]:
         raise LookupError("stale")
-    return None if started["row"] is None else db.as_row(started["row"])
+    if started["row"] is None:
+        return None
+    dates = set(started.get("dates", ()))
+    return db.as_row({k: datetime.fromisoformat(v) if k in dates and v is not None else v
+                      for k, v in started["row"].items()})
+
+
+def _portable(row) -> tuple[dict, list[str]]:
+    """``row`` as a dict for the pool process, its datetimes as ISO 8601 text (and their names):
+    pickle names a class by its module path, and a process whose ``datetime.datetime`` was replaced
+    (a faked clock in tests, freezegun) cannot pickle the datetimes psycopg made."""
+    values, dates = {}, []
+    for k, v in row._asdict().items():
+        if k == "token":
+            continue
+        if isinstance(v, datetime):
+            v, dates = v.isoformat(), [*dates, k]
+        values[k] = v
+    return values, dates
 
 
 class _WaitingRun:
@@ -273,9 +292,8 @@ class BatchStarter:
         for (handle, request), (job_id, _), token in zip(batch, keys, tokens):
             if job_id not in failed:
                 row = rows.get(token)
-                request.request_dict[STARTED] = {
-                    "row": None if row is None else {k: v for k, v in row._asdict().items() if k != "token"},
-                    "token": token, "until": until}
+                values, dates = (None, []) if row is None else _portable(row)
+                request.request_dict[STARTED] = {"row": values, "dates": dates, "token": token, "until": until}
                 if row is not None and row.outcome == "running":
                     self.waiting.add(_WaitingRun(job_id, row.attempt, token, request, row.started_at, until))
             try:

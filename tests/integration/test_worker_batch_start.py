@@ -4,6 +4,7 @@ together keeps every rule of a pool process's own start; handed back, a start is
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from uuid import uuid4
 
 import pytest
@@ -237,6 +238,11 @@ def test_a_message_goes_at_once_while_a_pool_slot_is_free_and_waits_for_others_w
     assert started[b[0]] == started[c[0]] is not None  # b and c in one statement
     assert started[d[0]] == started[e[0]] and started[d[0]] not in (None, started[b[0]])  # d and e in the next
     assert all(batch_start.started_of(r)["row"]["outcome"] == "running" for r in (rb, rc, rd, rx))
+    # The row handed to the pool process holds no datetime (its class may be replaced there: a faked
+    # clock), and reads back as the row the statement returned.
+    handed_row = batch_start.started_of(rb)
+    assert not [k for k, v in handed_row["row"].items() if isinstance(v, datetime)]
+    assert batch_start.fresh_row({**handed_row, "until": time.monotonic() + 60}).started_at == started[b[0]]
 
 
 def test_a_run_left_waiting_past_its_start_is_set_aside_so_the_worker_dying_costs_its_job_no_lost_attempt():
