@@ -100,7 +100,8 @@ def _portable(row) -> tuple[dict, list[str]]:
     """``row`` as a dict for the pool process, its datetimes as ISO 8601 text (and their names):
     pickle names a class by its module path, and a process whose ``datetime.datetime`` was replaced
     (a faked clock in tests, freezegun) cannot pickle the datetimes psycopg made."""
-    values, dates = {}, []
+    values: dict = {}
+    dates: list[str] = []
     for k, v in row._asdict().items():
         if k == "token":
             continue

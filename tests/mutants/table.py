@@ -92,10 +92,10 @@ MUTANTS: tuple[Mutant, ...] = (
            (SQL_TESTS + "test_a_start_before_its_fire_at_by_the_database_clock_is_refused_and_says_how_early",
             BATCH_TESTS + "test_one_statement_starts_a_batch_by_the_rules_of_a_single_start")),
     Mutant("G", 7, "a cancel committed before the start (one message's or a batch's) is not seen by it: the task runs",
-           (Edit(WORKER_SQL, "                       WHEN j.status = 'cancelled' THEN 'cancelled'\n"
+           (Edit(WORKER_SQL, "        outcome = CASE WHEN j.status = 'cancelled' THEN 'cancelled'\n"
                              "                       WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'\n"
                              "                       WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target)",
-                 "                       WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'\n"
+                 "        outcome = CASE WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'\n"
                  "                       WHEN statement_timestamp() > a.scheduled_at + (SELECT expiry FROM target)"),
             Edit(WORKER_SQL, "                       WHEN j.status = 'cancelled' THEN 'cancelled'\n"
                              "                       WHEN j.schedule_type = 'once' AND j.status = 'completed' THEN 'skipped'\n"
