@@ -106,7 +106,8 @@ def _portable(row) -> tuple[dict, list[str]]:
         if k == "token":
             continue
         if isinstance(v, datetime):
-            v, dates = v.isoformat(), [*dates, k]
+            v = v.isoformat()
+            dates.append(k)
         values[k] = v
     return values, dates
 
@@ -264,10 +265,8 @@ class BatchStarter:
             return
         free = slots is not None and len(worker_state.reserved_requests) <= slots
         with self.lock:
-            if free and not self.queue:
-                alone = True
-            else:
-                alone = False
+            alone = free and not self.queue
+            if not alone:
                 self.queue.append((handle, request))
             first, full = len(self.queue) == 1, len(self.queue) >= MAX_BATCH
         if alone:
