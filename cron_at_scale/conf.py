@@ -56,7 +56,8 @@ DEFAULTS: dict[str, Any] = {
     "HEARTBEAT_INTERVAL": 20.0,
     # The worker's main process starts the scheduled messages it received together, in one
     # statement, before any reaches a pool process, while its pool is busy
-    # (cron_at_scale.worker.batch_start); off: each pool process starts its own message.
+    # (cron_at_scale.worker.batch_start); off: each pool process starts its own message;
+    # "always": a message that comes with a pool slot free is started by the main process too.
     "BATCH_STARTS": True,
     # How often a dispatcher looks for expired leases.
     "REAPER_INTERVAL": 1.0,
@@ -193,6 +194,8 @@ def problems() -> list[str]:
         out.append("CRON_AT_SCALE['METRICS_TOKEN'] must be a non-empty string without spaces or None")
     for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS", "PREPARED_STATEMENTS", "HOLD_UNCONSUMED_QUEUES",
                 "METRICS_JOB_KEYS", "BATCH_STARTS"):
+        if key == "BATCH_STARTS" and user.get(key) == "always":
+            continue
         if not isinstance(user.get(key, DEFAULTS[key]), bool):
             out.append(f"CRON_AT_SCALE[{key!r}] must be True or False, got {user[key]!r}")
     retention = user.get("RETENTION", DEFAULTS["RETENTION"])

@@ -265,7 +265,7 @@ class BatchStarter:
             return
         free = slots is not None and len(worker_state.reserved_requests) <= slots
         with self.lock:
-            alone = free and not self.queue
+            alone = free and not self.queue and conf.get("BATCH_STARTS") != "always"
             if not alone:
                 self.queue.append((handle, request))
             first, full = len(self.queue) == 1, len(self.queue) >= MAX_BATCH

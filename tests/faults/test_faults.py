@@ -106,7 +106,7 @@ def test_worker_killed_mid_task_with_batched_starts(env):
     """BATCH_STARTS: the dead worker's main process had started messages its pool processes were
     running or had not begun (an attempt then names the main process). Each is reaped after its
     lease and fired again: none lost, none run twice."""
-    _worker_killed_mid_task(env, {**BASE, "BATCH_STARTS": True}, "1 worker kill -9 mid-task, batched starts")
+    _worker_killed_mid_task(env, {**BASE, "BATCH_STARTS": "always"}, "1 worker kill -9 mid-task, batched starts")
 
 
 def test_worker_killed_with_batched_starts_waiting_counts_only_the_run_it_began(env):
@@ -863,7 +863,8 @@ def test_an_attempt_started_before_a_postgres_crash_never_runs_again_under_its_n
 
 def test_an_attempt_started_in_a_batch_before_a_postgres_crash_never_runs_again_under_its_number(env, tmp_path):
     """BATCH_STARTS: the worker's main process started the message; its start is as durable."""
-    _crash_right_after_a_start(env, tmp_path, {"BATCH_STARTS": True}, "postgres crash right after a batched start")
+    # "always": one job at a time finds a pool slot free, and would otherwise go to it unstarted
+    _crash_right_after_a_start(env, tmp_path, {"BATCH_STARTS": "always"}, "postgres crash right after a batched start")
 
 
 def _crash_right_after_a_start(env, tmp_path, settings: dict, scenario: str):
@@ -977,7 +978,7 @@ def test_the_success_of_a_worker_stalled_past_its_run_lease_is_recorded(env, tmp
 
 def test_the_success_of_a_worker_with_batched_starts_stalled_past_its_run_lease_is_recorded(env, tmp_path):
     """BATCH_STARTS: the attempt was started by the worker's main process, stopped with it."""
-    _worker_stalled_mid_task(env, tmp_path, {**WORKER_STALL, "BATCH_STARTS": True},
+    _worker_stalled_mid_task(env, tmp_path, {**WORKER_STALL, "BATCH_STARTS": "always"},
                              "worker stalled > RUN_LEASE mid-task, batched starts")
 
 
