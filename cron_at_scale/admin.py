@@ -15,8 +15,9 @@ What keeps every page under a second at that size:
 * the default order puts what needs attention first (:data:`ATTENTION`: late, failed, running,
   next due, paused, finished); :class:`AttentionPaginator` reads a page as a run of segments,
   each a range of the (status, fire_at, id) index, instead of sorting the table; a click on
-  "next fire" orders by ``fire_at`` alone (the ``(fire_at, id)`` index); each filter (status,
-  due, schedule type, task, queue) walks an index (migration 0003); the task and queue filters
+  "next fire" orders by ``fire_at`` alone (:class:`FireOrderPaginator`: a merge of those ranges,
+  one per status; the job table has no ``(fire_at, id)`` index since migration 0018); each filter
+  (status, due, schedule type, task, queue) walks an index (migration 0003); the task and queue filters
   list their values with a skip scan of that index, not ``SELECT DISTINCT`` over the table;
 * search is an index lookup: an exact job id (or a Celery task id ``<job id>:<attempt>``), the
   start of an id (a primary-key range), else a key prefix; any other part of an id (the tail the
@@ -70,6 +71,7 @@ from cron_at_scale import sql as db
 from cron_at_scale.exceptions import ValidationError
 from cron_at_scale.models import LIVE_STATUSES, AttemptHistory, Job, JobAttempt, JobHistory, ScheduleType, Status
 from cron_at_scale.ops import status as opstatus
+from cron_at_scale.ops.fire_order import in_fire_order
 from cron_at_scale.ops.status import duration_text, planner_estimate, table_estimate
 
 EXACT_COUNT_LIMIT = 10_000  # results counted exactly up to here (bounded: LIMIT); beyond, the planner's estimate
@@ -134,10 +136,11 @@ class AttentionPaginator(EstimatedCountPaginator):
     ``MAX_PAGES`` pages deep). ``object_list`` is the filtered queryset; its own ordering (the
     same order as a ``CASE``, for a list small enough to fit on one page) is ignored here."""
 
-    def __init__(self, object_list, per_page, *args, segments: bool = True, **kwargs):
+    def __init__(self, object_list, per_page, *args, segments: bool = True, merged: bool = False, **kwargs):
         super().__init__(object_list, per_page, *args, **kwargs)
         self.now = db.db_now()
         self.segments = segments
+        self.merged = merged
 
     def counted(self):  # unordered: the CASE of the small-list ordering is no index
         return self.object_list.order_by()
@@ -152,7 +155,10 @@ class AttentionPaginator(EstimatedCountPaginator):
             # past due, not a thousand, and scan the table), then sort at most EXACT_COUNT_LIMIT rows.
             few = self.object_list.order_by("status", "fire_at").values("id")[: EXACT_COUNT_LIMIT + 1]
             return self._get_page(list(self.object_list.filter(id__in=few)[bottom:top]), number, self)
-        if not self.segments:  # many rows of another filter: its index, by fire time (see JobAdmin.get_paginator)
+        if not self.segments:  # many rows of another filter: by fire time (see JobAdmin.get_paginator)
+            if self.merged:  # no index of the filter's own in fire time order: a merge of the status ranges
+                return self._get_page(in_fire_order(self.object_list, start=bottom, stop=top, descending=True),
+                                      number, self)
             return self._get_page(list(self.object_list.order_by("-fire_at", "-id")[bottom:top]), number, self)
         rows: list = []
         before = 0  # rows of the segments before this one (counted up to top)
@@ -167,6 +173,37 @@ class AttentionPaginator(EstimatedCountPaginator):
                 rows += list(segment.order_by(*order)[start: start + self.per_page - len(rows)])
             before += n
         return self._get_page(rows, number, self)
+
+
+class FireOrderPaginator(EstimatedCountPaginator):
+    """A list ordered by the "next fire" column. With ``merged`` (no filter with an index of its own
+    in fire time order) a page is a merge of each status's range of the (status, fire_at, id) index
+    (:func:`cron_at_scale.ops.fire_order.in_fire_order`): the job table has no (fire_at, id) index."""
+
+    def __init__(self, object_list, per_page, *args, merged: bool = True, **kwargs):
+        super().__init__(object_list, per_page, *args, **kwargs)
+        self.merged = merged
+
+    def page(self, number):
+        if not self.merged:
+            return super().page(number)
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        first = self.object_list.query.order_by[0] if self.object_list.query.order_by else "fire_at"
+        descending = first.startswith("-") if isinstance(first, str) else bool(getattr(first, "descending", False))
+        rows = in_fire_order(self.object_list, start=bottom, stop=bottom + self.per_page, descending=descending)
+        return self._get_page(rows, number, self)
+
+
+def merged_in_fire_order(params) -> bool:
+    """Whether a job list under the filters ``params`` (``request.GET``) must read fire time order as
+    a merge of the status ranges: none of its filters has an index of its own in that order (a
+    status, due, task, named queue, recurring type; the lease, missed and overdue filters and a
+    search name few rows)."""
+    if any(params.get(name) for name in ("status__exact", "due", "task", "lease", "missed", "overdue", "q",
+                                         "queue")):
+        return False
+    return params.get("schedule_type__exact") in (None, "", ScheduleType.ONCE)
 
 
 def attention_rank():
@@ -543,14 +580,16 @@ class JobAdmin(admin.ModelAdmin):
         return attention_rank()  # what needs attention first (AttentionPaginator reads pages of it by index)
 
     def get_paginator(self, request, queryset, per_page, orphans=0, allow_empty_first_page=True):
-        if ORDER_VAR in request.GET:  # a column's order: plain index order
-            return EstimatedCountPaginator(queryset, per_page, orphans, allow_empty_first_page)
+        merged = merged_in_fire_order(request.GET)
+        if ORDER_VAR in request.GET:  # the "next fire" column: a filter's index, or the status ranges merged
+            return FireOrderPaginator(queryset, per_page, orphans, allow_empty_first_page, merged=merged)
         # Segments are ranges of the (status, fire_at, id) index: right for the whole list and its status
         # or due filters. Under another filter (task, queue, a search) the planner takes that filter's
         # index for a segment and may read every row of it (seconds at 10M rows: it cannot know that few
         # pending jobs are past due): beyond EXACT_COUNT_LIMIT rows such a list is ordered by fire time.
         segments = not set(request.GET) - {"p", "status__exact", "due", "_changelist_filters", "database"}
-        return AttentionPaginator(queryset, per_page, orphans, allow_empty_first_page, segments=segments)
+        return AttentionPaginator(queryset, per_page, orphans, allow_empty_first_page, segments=segments,
+                                  merged=merged)
 
     @admin.display(description="late by")
     def late_by(self, job: Job) -> str:

@@ -144,13 +144,14 @@ class Job(models.Model):
             # Which index serves which statement, who runs it and how often: docs/indexes.md.
             # The claim: each held shard's head (pending rows, ordered by fire_at).
             models.Index(fields=["shard", "fire_at"], name="cron_job_pending_shard", condition=Q(status="pending")),
-            # The admin at 10M rows: its default ordering (-fire_at, -id) and each list filter walk an index.
-            models.Index(fields=["fire_at", "id"], name="cron_job_fire_at_id"),
-            # ... and the dashboard's pending buckets, the oldest due job, the dead-letter count.
+            # The admin at 10M rows: its default order (what needs attention first) reads a range per
+            # status; its "next fire" order merges them (cron_at_scale.ops.fire_order: no (fire_at, id)
+            # index, which cost every job three entries); the dashboard's pending buckets, the oldest
+            # due job, the dead-letter count. Each list filter walks an index.
             models.Index(fields=["status", "fire_at", "id"], name="cron_job_status_fire_at"),
             models.Index(fields=["task", "fire_at", "id"], name="cron_job_task_fire_at"),
             # Named queues only: a job of the default queue ('') costs this index nothing; the admin's
-            # "(default)" filter walks cron_job_fire_at_id instead.
+            # "(default)" filter reads the status ranges instead.
             models.Index(fields=["queue", "fire_at", "id"], name="cron_job_named_queue_fire_at", condition=~Q(queue="")),
             models.Index(fields=["fire_at", "id"], name="cron_job_recurring_fire_at", condition=~Q(schedule_type="once")),
             # Admin search by key (exact or prefix) over every job, live or finished.

@@ -12,6 +12,7 @@ from django.db.models.functions import Now
 
 from cron_at_scale.management.commands._cliutil import duration, positive_int
 from cron_at_scale.models import Job, ScheduleType, Status
+from cron_at_scale.ops.fire_order import in_fire_order
 
 DEFAULT_LIMIT = 50
 TYPES = ("once", "cron", "interval", "recurring")  # recurring: cron and interval
@@ -122,8 +123,12 @@ class Command(BaseCommand):
             query = query.exclude(schedule_type=ScheduleType.ONCE)
         elif kind is not None:
             query = query.filter(schedule_type=kind)
+        rows = query.annotate(db_now=Now()).values(*COLUMNS, "db_now")
+        if not any(opts[name] is not None for name in ("status", "late", "task", "key")) and not opts["queue"] \
+                and kind in (None, ScheduleType.ONCE):  # no filter with an index of its own in fire_at order
+            return in_fire_order(rows, stop=opts["limit"] + 1, descending=bool(opts["reverse"]))
         order = ("-fire_at", "-id") if opts["reverse"] else ("fire_at", "id")
-        return list(query.order_by(*order).annotate(db_now=Now()).values(*COLUMNS, "db_now")[: opts["limit"] + 1])
+        return list(rows.order_by(*order)[: opts["limit"] + 1])
 
     @staticmethod
     def late_seconds(row: dict) -> float | None:
