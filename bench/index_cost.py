@@ -1,10 +1,11 @@
-"""What the job table's indexes cost ``schedule_many``: the index set before migration 0013 and after
-it, in turns, on one database of its own.
+"""What the job table's indexes cost ``schedule_many``: the index sets before and after migration 0018
+(or 0013), in turns, on one database of its own.
 
 Usage (PostgreSQL from ``BENCH_DATABASE_URL``, default a local server; the database ``--db`` is
 created here and emptied at each turn, never your own)::
 
-    python bench/index_cost.py                       # 100,000 jobs into an empty table, 3 turns
+    python bench/index_cost.py                       # 100,000 jobs into an empty table, 3 turns (0017 | 0018)
+    python bench/index_cost.py --sides both          # before and after 0013
     python bench/index_cost.py --beside 1000000      # ... beside 1M pending jobs
     python bench/index_cost.py --sides after --beside 10000000   # today's indexes only, beside 10M
 
@@ -33,7 +34,14 @@ BEFORE_0013 = {  # the two indexes 0013 dropped (the third, its named-queue inde
                                 "WHERE status = 'pending'",
     "cron_job_queue_fire_at": "CREATE INDEX cron_job_queue_fire_at ON cron_at_scale_job (queue, fire_at, id)",
 }
-SIDES = {"before 0013": ["cron_job_named_queue_fire_at"], "after 0013": list(BEFORE_0013)}  # indexes dropped
+BEFORE_0018 = {"cron_job_fire_at_id": "CREATE INDEX cron_job_fire_at_id ON cron_at_scale_job (fire_at, id)"}
+SIDES = {  # the indexes each side lacks
+    "before 0013": ["cron_job_named_queue_fire_at"],
+    "0013 to 0017": list(BEFORE_0013),
+    "after 0018": [*BEFORE_0013, *BEFORE_0018],
+}
+CHOICES = {"both": ["before 0013", "0013 to 0017"], "0018": ["0013 to 0017", "after 0018"], "all": list(SIDES),
+           "after": ["after 0018"]}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -47,8 +55,10 @@ def main(argv=None) -> int:
     p.add_argument("--beside", type=int, default=0, help="pending jobs already in the table (0)")
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--db", default="cron_index_cost")
-    p.add_argument("--sides", choices=("both", "after"), default="both",
-                   help="after: only today's index set (no index rebuilt between turns: for --beside 10000000)")
+    p.add_argument("--sides", choices=tuple(CHOICES), default="0018",
+                   help="0018: the index sets before and after migration 0018 (the default); both: before and "
+                        "after 0013; all: the three; after: only today's index set (no index rebuilt between "
+                        "turns: for --beside 10000000)")
     args = p.parse_args(argv)
 
     import psycopg2
@@ -78,7 +88,8 @@ def main(argv=None) -> int:
             cur.execute(sql, params)
             return cur.fetchall() if cur.description else None
 
-    defs = {**dict(q("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'cron_at_scale_job'")), **BEFORE_0013}
+    defs = {**dict(q("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'cron_at_scale_job'")),
+            **BEFORE_0013, **BEFORE_0018}
 
     def set_side(dropped: list[str]) -> None:
         have = {r[0] for r in q("SELECT indexname FROM pg_indexes WHERE tablename = 'cron_at_scale_job'")}
@@ -96,7 +107,7 @@ def main(argv=None) -> int:
              FROM generate_series(1, %s) AS g""", [args.beside])
         q("VACUUM ANALYZE cron_at_scale_job")
     (backend,), = q("SELECT pg_backend_pid()")
-    sides = SIDES if args.sides == "both" else {"after 0013": SIDES["after 0013"]}
+    sides = {side: SIDES[side] for side in CHOICES[args.sides]}
     results: dict[str, list[tuple[float, float]]] = {side: [] for side in sides}
     for turn in range(args.turns):
         for side, dropped in sides.items():
@@ -114,7 +125,7 @@ def main(argv=None) -> int:
             results[side].append((args.jobs / seconds, cpu_us))
             print(f"turn {turn + 1} {side:12} {args.jobs / seconds:10,.0f} jobs/s  {cpu_us:5.1f} µs CPU per job "
                   f"(this process + its backend)", flush=True)
-    set_side(SIDES["after 0013"])
+    set_side(SIDES["after 0018"])
     q("TRUNCATE cron_at_scale_jobattempt, cron_at_scale_job")
     beside = f" beside {args.beside:,} pending" if args.beside else " into an empty table"
     print(f"schedule_many of {args.jobs:,} jobs{beside}, medians of {args.turns} turns:")

@@ -506,7 +506,13 @@ class Soak:
         except Exception as e:  # the WAL was recycled meanwhile, or no permission
             say(f"  pg_walinspect: {str(e).strip()[:120]}")
             return {}
+        # ... and by relation (the first block a record touches; a history partition as its table)
+        rels = self.q(r"""SELECT coalesce(regexp_replace(pg_filenode_relation(0,
+                                 substring(block_ref from 'rel \d+/\d+/(\d+)')::oid)::regclass::text, '_p[0-9]{8}(t[0-9]{6})?', ''), '-'),
+                                 count(*), sum(record_length)::bigint
+                          FROM pg_get_wal_records_info(%s::pg_lsn, %s::pg_lsn) GROUP BY 1""", [a, b])
         return {"by_record": {r[0]: {"records": r[1], "bytes": r[4], "fpi_bytes": r[3]} for r in rows},
+                "by_relation": {r[0]: {"records": r[1], "bytes": int(r[2])} for r in rels},
                 "fpi_bytes": sum(r[3] for r in rows), "record_bytes": sum(r[2] for r in rows)}
 
     # -- processes ---------------------------------------------------------------------------
@@ -976,7 +982,15 @@ def merge_wal(windows: list[dict]) -> dict:
             for k in d:
                 d[k] += v[k]
     total = sum(v["bytes"] for v in per.values())
+    rels: dict[str, dict] = {}
+    for w in windows:
+        for name, v in w.get("by_relation", {}).items():
+            d = rels.setdefault(name, {"bytes": 0, "records": 0})
+            for k in d:
+                d[k] += v[k]
     return {"windows": len(windows), "jobs": jobs, "bytes_per_job": round(total / jobs, 1),
+            "by_relation_per_job": {k: {"bytes": round(v["bytes"] / jobs, 1), "records": round(v["records"] / jobs, 2)}
+                                    for k, v in sorted(rels.items(), key=lambda kv: -kv[1]["bytes"])},
             "fpi_share": round(sum(v["fpi_bytes"] for v in per.values()) / total, 3) if total else None,
             "by_record_per_job": {k: {"bytes": round(v["bytes"] / jobs, 1), "fpi_bytes": round(v["fpi_bytes"] / jobs, 1),
                                       "records": round(v["records"] / jobs, 2)}
@@ -1062,6 +1076,9 @@ def table(r: dict) -> None:
             say(f"  WAL of {w['windows']} inspected 10 s windows: {w['bytes_per_job']} bytes per job, full-page images "
                 f"{w['fpi_share']:.0%}; by record, bytes (records) per job: " + ", ".join(
                     f"{k} {v['bytes']:.0f} ({v['records']:.2f})" for k, v in list(w["by_record_per_job"].items())[:8]))
+            if w.get("by_relation_per_job"):
+                say("  by relation, bytes (records) per job: " + ", ".join(
+                    f"{k} {v['bytes']:.0f} ({v['records']:.2f})" for k, v in list(w["by_relation_per_job"].items())[:16]))
         for name in ("job", "attempt"):
             s, e, a = r["tables_start"][name], r["tables_stream_end"][name], r["tables_after"][name]
             say(f"  {name:8} heap+index MiB {(s['heap_bytes'] + s['index_bytes']) / 2**20:,.0f} -> "

@@ -184,6 +184,9 @@ class FireOrderPaginator(EstimatedCountPaginator):
         super().__init__(object_list, per_page, *args, **kwargs)
         self.merged = merged
 
+    def counted(self):  # unordered: without a (fire_at, id) index the ordered count would sort the table
+        return self.object_list.order_by() if self.merged else self.object_list
+
     def page(self, number):
         if not self.merged:
             return super().page(number)

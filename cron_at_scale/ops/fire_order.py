@@ -4,8 +4,9 @@ The job table keeps no ``(fire_at, id)`` index over every row: each one cost a j
 entries (insert, claim, completion) for the lists an operator sorts by "next fire" now and then
 (docs/indexes.md). Its ``(status, fire_at, id)`` index holds the same order within each status, so
 the first ``stop`` rows of a list in fire time order are the first ``stop`` of each status, merged:
-one ordered index range per status (six), ``stop`` rows from each at most. Lists read this way
-are bounded in depth (the admin's ``MAX_PAGES``, ``cron_jobs --limit``), so ``stop`` stays small.
+one ordered index range per status (six), the keys of ``stop`` rows from each at most, then the
+rows of the window asked for, by id. Lists read this way are bounded in depth (the admin's
+``MAX_PAGES``, ``cron_jobs --limit``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def _key(row: Any) -> tuple:
 
 def in_fire_order(queryset: QuerySet, *, stop: int, start: int = 0, descending: bool = False) -> list:
     """Rows ``start``..``stop`` of ``queryset`` ordered by ``(fire_at, id)`` (both descending with
-    ``descending``), read as one ordered range of ``cron_job_status_fire_at`` per status, merged.
+    ``descending``), read as one ordered range of ``cron_job_status_fire_at`` per status (keys
+    only), merged, then the window's rows in one query by id (a row gone meanwhile is left out).
 
     ``queryset``: ``Job`` rows, as models or as ``values()`` dicts holding ``fire_at`` and ``id``;
     its own ordering is ignored. Each status's query adds ``status = <s>`` to its filters, so a
@@ -38,5 +40,11 @@ def in_fire_order(queryset: QuerySet, *, stop: int, start: int = 0, descending: 
         return []
     order = ("-fire_at", "-id") if descending else ("fire_at", "id")
     base = queryset.order_by()
-    ranges = [list(base.filter(status=status).order_by(*order)[:stop]) for status in Status.values]
-    return list(islice(heapq.merge(*ranges, key=_key, reverse=descending), start, stop))
+    # the ranges' keys only (a deep page reads up to ``stop`` of each), then the window's rows by id
+    ranges = [list(base.filter(status=status).order_by(*order).values_list("fire_at", "id")[:stop])
+              for status in Status.values]
+    ids = [job_id for _, job_id in islice(heapq.merge(*ranges, reverse=descending), start, stop)]
+    if not ids:
+        return []
+    rows = {_key(row)[1]: row for row in base.filter(id__in=ids)}
+    return [rows[job_id] for job_id in ids if job_id in rows]  # one that left meanwhile (moved, purged) is gone
