@@ -20,14 +20,15 @@ from django.db.models import QuerySet
 from cron_at_scale.models import Status
 
 
-def _key(row: Any) -> tuple:
-    return (row["fire_at"], row["id"]) if isinstance(row, dict) else (row.fire_at, row.id)
+def _id(row: Any) -> Any:
+    return row["id"] if isinstance(row, dict) else row.id
 
 
 def in_fire_order(queryset: QuerySet, *, stop: int, start: int = 0, descending: bool = False) -> list:
     """Rows ``start``..``stop`` of ``queryset`` ordered by ``(fire_at, id)`` (both descending with
     ``descending``), read as one ordered range of ``cron_job_status_fire_at`` per status (keys
-    only), merged, then the window's rows in one query by id (a row gone meanwhile is left out).
+    only), merged, then the window's rows in one query by id (a row gone meanwhile is left out,
+    one read in two ranges as its status changed is listed once).
 
     ``queryset``: ``Job`` rows, as models or as ``values()`` dicts holding ``fire_at`` and ``id``;
     its own ordering is ignored. Each status's query adds ``status = <s>`` to its filters, so a
@@ -43,8 +44,10 @@ def in_fire_order(queryset: QuerySet, *, stop: int, start: int = 0, descending: 
     # the ranges' keys only (a deep page reads up to ``stop`` of each), then the window's rows by id
     ranges = [list(base.filter(status=status).order_by(*order).values_list("fire_at", "id")[:stop])
               for status in Status.values]
-    ids = [job_id for _, job_id in islice(heapq.merge(*ranges, reverse=descending), start, stop)]
+    # each range is its own snapshot: a job whose status changed between two of them is listed once
+    merged = dict.fromkeys(job_id for _, job_id in heapq.merge(*ranges, reverse=descending))
+    ids = list(islice(merged, start, stop))
     if not ids:
         return []
-    rows = {_key(row)[1]: row for row in base.filter(id__in=ids)}
+    rows = {_id(row): row for row in base.filter(id__in=ids)}
     return [rows[job_id] for job_id in ids if job_id in rows]  # one that left meanwhile (moved, purged) is gone

@@ -71,3 +71,24 @@ def test_no_rows_asked_none_read_and_a_negative_bound_is_refused(mixed):
     assert queries.captured_queries == []
     with pytest.raises(ValueError, match="start and stop"):
         in_fire_order(Job.objects.all(), start=-1, stop=3)
+
+
+def test_a_job_whose_status_changes_between_two_ranges_is_listed_once(mixed):
+    """Each range is its own statement: a job paused right after the pending range was read shows up
+    in the paused range too, and is still listed once."""
+    moved = Job.objects.filter(status=Status.PENDING).order_by("fire_at", "id").first()
+    done: list[bool] = []
+
+    def pause_after_the_pending_range(execute, query, params, many, context):
+        result = execute(query, params, many, context)
+        if not done and Status.PENDING in (params or ()):
+            done.append(True)
+            with connection.cursor() as cur:
+                cur.execute("UPDATE cron_at_scale_job SET status = 'paused' WHERE id = %s", [moved.id])
+        return result
+
+    with connection.execute_wrapper(pause_after_the_pending_range):
+        rows = in_fire_order(Job.objects.all(), stop=len(mixed))
+    assert done
+    ids = [r.id for r in rows]
+    assert len(ids) == len(set(ids)) == len(mixed) and moved.id in ids
