@@ -204,6 +204,7 @@ def test_sort_by_next_fire_and_page_through(admin, monkeypatch):
     follow(admin, next(a for a in admin.find_elements(By.CSS_SELECTOR, ".paginator a") if a.text == "2"))
     seen += shown()
     assert seen == by_time[:12], (seen, by_time)
+    screenshot(admin, "admin_next_fire")
     admin.get(admin.base + JOBS + "?o=7")
     follow(admin, admin.find_element(By.CSS_SELECTOR, "th.column-next_fire div.text a"))  # again: latest first
     assert shown() == by_time[::-1][:6]
