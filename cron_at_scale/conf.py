@@ -193,11 +193,12 @@ def problems() -> list[str]:
     if token is not None and (not isinstance(token, str) or not token or not token.isprintable() or " " in token):
         out.append("CRON_AT_SCALE['METRICS_TOKEN'] must be a non-empty string without spaces or None")
     for key in ("VALIDATE_TASK_NAMES", "RETRY_ALL_EXCEPTIONS", "PREPARED_STATEMENTS", "HOLD_UNCONSUMED_QUEUES",
-                "METRICS_JOB_KEYS", "BATCH_STARTS"):
-        if key == "BATCH_STARTS" and user.get(key) == "always":
-            continue
+                "METRICS_JOB_KEYS"):
         if not isinstance(user.get(key, DEFAULTS[key]), bool):
             out.append(f"CRON_AT_SCALE[{key!r}] must be True or False, got {user[key]!r}")
+    batch = user.get("BATCH_STARTS", DEFAULTS["BATCH_STARTS"])
+    if not isinstance(batch, bool) and batch != "always":
+        out.append(f"CRON_AT_SCALE['BATCH_STARTS'] must be True, False or \"always\", got {batch!r}")
     retention = user.get("RETENTION", DEFAULTS["RETENTION"])
     if retention is not None and (isinstance(retention, bool) or not isinstance(retention, (int, float))
                                   or retention < 0):
