@@ -8,6 +8,7 @@ is stopped at the end, also on failure.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import re
@@ -95,10 +96,18 @@ def env(request, pg, redis_server, tmp_path):
 
 
 def _stop(request, e, systems, redis_server) -> None:
-    """A scenario's teardown: its processes, its logs on a failure, its connections, Redis back up."""
+    """A scenario's teardown: its processes (on a failure their stacks first, then their logs), its
+    connections, Redis back up."""
+    failed = getattr(request.node, "rep_failed", False)
+    if failed:
+        for s in systems:
+            print(s.stacks())
+        with contextlib.suppress(Exception):
+            client = redis_server.client()
+            print(f"redis: queue celery {client.llen('celery')}, clients:\n{client.client_list()}")
     for s in systems:
         s.stop_all()
-    if getattr(request.node, "rep_failed", False):
+    if failed:
         for s in systems:
             print(s.logs())
     e.db.close()

@@ -620,6 +620,22 @@ class System:
         except OSError:
             return ""
 
+    def stacks(self) -> str:
+        """Every thread's Python stack in each live process of the set, pool children included
+        (``py-spy dump``): what a hung process was waiting on, printed when a scenario fails."""
+        spy = shutil.which("py-spy") or str(Path(PYTHON).with_name("py-spy"))
+        if not os.access(spy, os.X_OK):
+            return "(no py-spy to dump the processes' stacks)"
+        out = []
+        for name, p in self.procs.items():
+            if p.poll() is not None:
+                continue
+            pids = subprocess.run(["pgrep", "-g", str(p.pid)], capture_output=True, text=True).stdout.split()
+            for pid in pids:
+                r = subprocess.run([spy, "dump", "--pid", pid], capture_output=True, text=True, timeout=30)
+                out.append(f"--- {name} pid {pid} ---\n{r.stdout}{r.stderr}")
+        return "\n".join(out)
+
     def logs(self, n: int = 1500) -> str:
         return "\n".join(f"--- {name} (exit {p.poll()}) ---\n{self.log(name, n)}" for name, p in self.procs.items())
 
