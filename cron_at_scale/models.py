@@ -218,10 +218,12 @@ class JobAttempt(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["job", "attempt"], name="cron_attempt_job_attempt"),
         ]
+        # No index holds locked_until (a lease's end) or anything else a start or a heartbeat
+        # changes: those updates stay HOT. The reaper reads the unfinished ones through the index
+        # below, whose predicate is theirs (docs/indexes.md).
         indexes = [
-            # The reaper's scan: unfinished attempts by lease expiry.
-            models.Index(fields=["locked_until"], name="cron_attempt_open_lease", condition=Q(finished_at__isnull=True)),
-            # The overlap check: is a run of this job unfinished?
+            # The overlap check: is a run of this job unfinished? And the reaper's scan of the
+            # unfinished attempts' leases.
             models.Index(fields=["job"], name="cron_attempt_open_job", condition=Q(finished_at__isnull=True)),
         ]
 

@@ -394,3 +394,49 @@ def test_the_reapers_refire_of_a_lost_cron_run_reads_little_whatever_the_jobs_hi
         assert dispatcher.reap() == 1
     assert [c.attempt for c in dispatcher.published] == [100002]  # fired again
     assert plans[0]["Plan"]["Shared Hit Blocks"] + plans[0]["Plan"].get("Shared Read Blocks", 0) < 100, plans[0]
+
+
+def test_the_reaper_reads_the_unfinished_attempts_not_the_table(dispatcher):
+    # No index holds locked_until (a start and a heartbeat stay HOT updates): the reaper reads the
+    # unfinished attempts through their partial index and tests each lease. Beside 100,000
+    # finished attempts, the rows it reads stay those of the few in flight. EXPLAIN (ANALYZE,
+    # BUFFERS) of the statement as reap() sends it.
+    from django.db import connection
+
+    old = cron_at_scale.schedule(noop, cron="* * * * *")
+    sql("""INSERT INTO cron_at_scale_jobattempt (job_id, attempt, scheduled_at, dispatched_at, started_at,
+                                                finished_at, outcome, locked_until)
+           SELECT %s, g, now() - g * interval '1 minute', now(), now(), now(), 'succeeded',
+                  now() - g * interval '1 minute'
+           FROM generate_series(1, 100000) AS g""", [old.id])
+    sql("UPDATE cron_at_scale_job SET attempts = 100000, fire_at = now() + interval '1 hour' WHERE id = %s", [old.id])
+    jobs = [cron_at_scale.schedule(noop) for _ in range(3)]
+    dispatcher.claim()
+    expire_leases()
+    sql("ANALYZE cron_at_scale_jobattempt")
+    plans = []
+
+    def explain(execute, query, params, many, context):
+        if "SET outcome = 'lost'" in query and "ORDER BY locked_until" in query:  # reap
+            execute("SAVEPOINT explained", None, False, context)
+            execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, many, context)
+            plans.append(context["cursor"].fetchone()[0][0])
+            execute("ROLLBACK TO SAVEPOINT explained", None, False, context)
+        return execute(query, params, many, context)
+
+    with connection.execute_wrapper(explain):
+        assert dispatcher.reap() == 3
+    assert {j.status for j in Job.objects.filter(id__in=[j.id for j in jobs])} == {"pending"}  # to fire again
+    scans = list(_scans(plans[0]["Plan"]))
+    assert scans, plans[0]
+    for node in scans:  # rows, not buffers: earlier tests' rolled-back attempts leave dead index entries
+        read = node["Actual Rows"] * node["Actual Loops"] + node.get("Rows Removed by Filter", 0)
+        assert read < 100, (node["Node Type"], node.get("Index Name"), read, plans[0])
+
+
+def _scans(node: dict):
+    """The plan's reads of the attempt table (its scans, below any sort or lock)."""
+    if node.get("Relation Name") == "cron_at_scale_jobattempt" and "Scan" in node["Node Type"]:
+        yield node
+    for child in node.get("Plans", ()):
+        yield from _scans(child)

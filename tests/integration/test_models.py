@@ -6,6 +6,7 @@ import pytest
 from django.db import transaction
 from helpers import RecordingPublisher, sql
 
+import cron_at_scale
 from cron_at_scale.models import Job
 from cron_at_scale.sql import QUERIES
 
@@ -213,3 +214,33 @@ def test_the_claim_with_held_queues_still_walks_the_shard_index(held):
     assert "Seq Scan on cron_at_scale_job" not in plan, plan
     # one sort: of the shards' heads (a batch and a few rows), never of a shard's due rows
     assert [ln.strip() for ln in plan.splitlines() if "Sort Key" in ln] == ["Sort Key: h.fire_at"], plan
+
+
+def _updates(table: str) -> tuple[int, int]:
+    """(updates, HOT updates) of ``table`` in this transaction (the test's own)."""
+    (row,) = sql("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = %s", [table])
+    return int(row[0]), int(row[1])
+
+
+def test_an_attempts_start_and_its_heartbeats_write_no_index_entry():
+    # No index of the attempt table holds what a start or a heartbeat changes (the lease's end,
+    # locked_until, above all): both are HOT updates, the row's new version reached through the old
+    # one's index entries. An index on any of those columns makes every start and every heartbeat
+    # write an entry in each index of the table.
+    from cron_at_scale import conf
+    from cron_at_scale import sql as db
+    from cron_at_scale.dispatcher import Dispatcher
+    from cron_at_scale.worker import attempts
+
+    jobs = [cron_at_scale.schedule("demo.tasks.noop") for _ in range(3)]
+    Dispatcher(name="t", publisher=RecordingPublisher()).claim()
+    before = _updates("cron_at_scale_jobattempt")
+    attempts.write(str(jobs[0].id), 1, "w1", "00000000-0000-0000-0000-000000000001", [])
+    rows = attempts.write_many([(str(jobs[1].id), 1, "00000000-0000-0000-0000-000000000002"),
+                                (str(jobs[2].id), 1, "00000000-0000-0000-0000-000000000003")], "w2")
+    assert [r.outcome for r in rows] == ["running", "running"]
+    db.run("heartbeat", {"lease": float(conf.get("RUN_LEASE")), "job_ids": [str(j.id) for j in jobs],
+                         "attempts": [1, 1, 1]})
+    after = _updates("cron_at_scale_jobattempt")
+    assert after[0] - before[0] == 6, (before, after)  # three starts, three leases renewed
+    assert after[1] - before[1] == 6, f"of 6 updates only {after[1] - before[1]} were HOT"
