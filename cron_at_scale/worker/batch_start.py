@@ -359,9 +359,12 @@ class BatchStarts(Middleware):
     process hands back, at the end of its shutdown, what no pool process began."""
 
     def after_process_boot(self) -> None:
-        with starter.lock:
-            starter.queue = []
-        starter.waiting.clear()
+        # New objects, not the parent's emptied: a lock one of the main process's threads (the
+        # waiting runs' lease thread) held at the fork stays held in this copy for good, and
+        # taking it here would hang the pool process before its first task.
+        starter.lock = threading.Lock()
+        starter.queue = []
+        starter.waiting = Waiting()
 
     def after_worker_shutdown(self, worker: Any) -> None:
         if conf.get("BATCH_STARTS"):

@@ -280,3 +280,42 @@ def test_a_run_left_waiting_past_its_start_is_set_aside_so_the_worker_dying_cost
     lost = {str(j.id): (j.lost_attempts, j.dispatch_losses, j.status) for j in Job.objects.all()}
     assert lost[a[0]] == (0, 1, "pending")  # set aside: lost before any pool process began it
     assert lost[b[0]][0] == 1 and lost[c[0]][0] == 1  # within FRESH of its start, or begun: counted
+
+
+def test_a_pool_process_forked_while_the_lease_thread_holds_its_lock_boots():
+    # Celery forks a new pool process whenever one exits (killed, max tasks per child), while the
+    # main process's threads run on. A lock one of them held at the fork is held for good in the
+    # child: its boot must not take the parent's locks, only make its own.
+    import os
+    import threading
+
+    held, release = threading.Event(), threading.Event()
+
+    def hold(lock):
+        with lock:
+            held.set()
+            release.wait(30)
+
+    threads = [threading.Thread(target=hold, args=(lock,), daemon=True)
+               for lock in (batch_start.starter.lock, batch_start.starter.waiting.heartbeat.lock)]
+    for t in threads:
+        held.clear()
+        t.start()
+        assert held.wait(5)
+    pid = os.fork()
+    if pid == 0:  # the pool process: boot, and say so by the exit code (alarm: a hang ends it)
+        import signal
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not pytest-timeout's handler: a hang kills it
+        signal.alarm(5)
+        try:
+            batch_start.BatchStarts().after_process_boot()
+            batch_start.starter.waiting.clear()
+            with batch_start.starter.lock:
+                pass
+        finally:
+            os._exit(0 if signal.alarm(0) else 3)
+    release.set()
+    for t in threads:
+        t.join(5)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"the forked process hung at boot ({status})"
