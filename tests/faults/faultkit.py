@@ -632,8 +632,11 @@ class System:
                 continue
             pids = subprocess.run(["pgrep", "-g", str(p.pid)], capture_output=True, text=True).stdout.split()
             for pid in pids:
-                r = subprocess.run([spy, "dump", "--pid", pid], capture_output=True, text=True, timeout=30)
-                out.append(f"--- {name} pid {pid} ---\n{r.stdout}{r.stderr}")
+                try:
+                    r = subprocess.run([spy, "dump", "--pid", pid], capture_output=True, text=True, timeout=30)
+                    out.append(f"--- {name} pid {pid} ---\n{r.stdout}{r.stderr}")
+                except (OSError, subprocess.SubprocessError) as e:  # the teardown goes on regardless
+                    out.append(f"--- {name} pid {pid}: no stack ({e}) ---")
         return "\n".join(out)
 
     def logs(self, n: int = 1500) -> str:
