@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from django.db import transaction
 from helpers import RecordingPublisher, sql
@@ -216,17 +218,34 @@ def test_the_claim_with_held_queues_still_walks_the_shard_index(held):
     assert [ln.strip() for ln in plan.splitlines() if "Sort Key" in ln] == ["Sort Key: h.fire_at"], plan
 
 
-def _updates(table: str) -> tuple[int, int]:
-    """(updates, HOT updates) of ``table`` in this transaction (the test's own)."""
-    (row,) = sql("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables WHERE relname = %s", [table])
-    return int(row[0]), int(row[1])
+def _indexed_columns(table: str) -> set[str]:
+    """Every column an index of ``table`` depends on: its keys, expressions and predicate (what
+    decides whether PostgreSQL can make an update HOT)."""
+    return {name for (name,) in sql("""
+        WITH cols AS (
+            SELECT i.indrelid, k.attnum FROM pg_index AS i, unnest(i.indkey) AS k(attnum)  -- keys
+            WHERE i.indrelid = %(t)s::regclass
+            UNION
+            SELECT i.indrelid, d.refobjsubid FROM pg_index AS i  -- expressions and predicates
+            JOIN pg_depend AS d ON d.classid = 'pg_class'::regclass AND d.objid = i.indexrelid
+                               AND d.refobjid = i.indrelid AND d.refobjsubid > 0
+            WHERE i.indrelid = %(t)s::regclass)
+        SELECT DISTINCT a.attname FROM cols JOIN pg_attribute AS a ON a.attrelid = cols.indrelid
+                                                                  AND a.attnum = cols.attnum""", {"t": table})}
 
 
-def test_an_attempts_start_and_its_heartbeats_write_no_index_entry():
-    # No index of the attempt table holds what a start or a heartbeat changes (the lease's end,
-    # locked_until, above all): both are HOT updates, the row's new version reached through the old
-    # one's index entries. An index on any of those columns makes every start and every heartbeat
-    # write an entry in each index of the table.
+def _attempt_rows(job_ids) -> dict:
+    rows = sql("SELECT to_jsonb(a) FROM cron_at_scale_jobattempt AS a WHERE job_id = ANY(%s::uuid[])",
+               [[str(j) for j in job_ids]])
+    rows = [json.loads(r) if isinstance(r, str) else r for (r,) in rows]
+    return {(r["job_id"], r["attempt"]): r for r in rows}
+
+
+def test_an_attempts_start_and_its_heartbeats_change_no_indexed_column():
+    # No index of the attempt table depends on a column a start or a heartbeat changes (the lease's
+    # end, locked_until, above all), so PostgreSQL can make both HOT updates: no index entry, when
+    # the row's page has room. An index on any of them makes every start and every heartbeat
+    # write an entry in each index of the table. The columns are those the real statements change.
     from cron_at_scale import conf
     from cron_at_scale import sql as db
     from cron_at_scale.dispatcher import Dispatcher
@@ -234,13 +253,34 @@ def test_an_attempts_start_and_its_heartbeats_write_no_index_entry():
 
     jobs = [cron_at_scale.schedule("demo.tasks.noop") for _ in range(3)]
     Dispatcher(name="t", publisher=RecordingPublisher()).claim()
-    before = _updates("cron_at_scale_jobattempt")
+    ids = [j.id for j in jobs]
+    before = _attempt_rows(ids)
     attempts.write(str(jobs[0].id), 1, "w1", "00000000-0000-0000-0000-000000000001", [])
     rows = attempts.write_many([(str(jobs[1].id), 1, "00000000-0000-0000-0000-000000000002"),
                                 (str(jobs[2].id), 1, "00000000-0000-0000-0000-000000000003")], "w2")
     assert [r.outcome for r in rows] == ["running", "running"]
-    db.run("heartbeat", {"lease": float(conf.get("RUN_LEASE")), "job_ids": [str(j.id) for j in jobs],
+    started = _attempt_rows(ids)
+    sql("SELECT pg_sleep(0.002)")  # the heartbeat's lease then ends later than the start's
+    db.run("heartbeat", {"lease": float(conf.get("RUN_LEASE")), "job_ids": [str(j) for j in ids],
                          "attempts": [1, 1, 1]})
-    after = _updates("cron_at_scale_jobattempt")
-    assert after[0] - before[0] == 6, (before, after)  # three starts, three leases renewed
-    assert after[1] - before[1] == 6, f"of 6 updates only {after[1] - before[1]} were HOT"
+    renewed = _attempt_rows(ids)
+    changed = {c for k in before for c in before[k] if before[k][c] != started[k][c]}
+    assert {"outcome", "started_at", "locked_until", "worker", "run_token"} <= changed, changed
+    renewing = {c for k in started for c in started[k] if started[k][c] != renewed[k][c]}
+    assert renewing == {"locked_until"}, renewing
+    indexed = _indexed_columns("cron_at_scale_jobattempt")
+    assert {"id", "job_id", "attempt", "finished_at"} <= indexed, indexed  # the reading is sound
+    assert not (changed | renewing) & indexed, f"indexed columns a start or a heartbeat changes: {(changed | renewing) & indexed}"
+
+
+def test_an_attempts_start_is_a_hot_update_when_its_page_has_room():
+    # The same, as PostgreSQL counts it, on a page of its own with room (a table filled by earlier
+    # tests may leave the new rows on a full page, where no update is HOT).
+    sql("CREATE TEMPORARY TABLE hot_probe (LIKE cron_at_scale_jobattempt INCLUDING ALL) ON COMMIT DROP")
+    sql("""INSERT INTO hot_probe (job_id, attempt, scheduled_at, dispatched_at, locked_until, outcome)
+           SELECT gen_random_uuid(), 1, now(), now(), now() + interval '30 seconds', 'dispatched'""")
+    sql("""UPDATE hot_probe SET started_at = now(), outcome = 'running', worker = 'w', run_token = gen_random_uuid(),
+                  locked_until = now() + interval '60 seconds'""")
+    sql("UPDATE hot_probe SET locked_until = now() + interval '61 seconds'")
+    ((upd, hot),) = sql("SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_all_tables WHERE relid = 'hot_probe'::regclass")
+    assert (upd, hot) == (2, 2)
