@@ -363,6 +363,20 @@ def test_the_reaper_runs_on_its_own_interval_and_publishes_through_its_caller(di
     assert dispatcher.published == []  # the dispatcher's own publisher was not used
 
 
+def _explained(picks, plans: list):
+    """A Django ``execute_wrapper``: each statement ``picks(sql)`` chooses is first run under
+    ``EXPLAIN (ANALYZE, BUFFERS)`` in a savepoint rolled back (its plan appended to ``plans``),
+    then as sent."""
+    def explain(execute, query, params, many, context):
+        if picks(query):
+            execute("SAVEPOINT explained", None, False, context)
+            execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, many, context)
+            plans.append(context["cursor"].fetchone()[0][0])
+            execute("ROLLBACK TO SAVEPOINT explained", None, False, context)
+        return execute(query, params, many, context)
+    return explain
+
+
 def test_the_reapers_refire_of_a_lost_cron_run_reads_little_whatever_the_jobs_history(dispatcher):
     # A cron job with 100,000 attempts behind it loses a run while it runs: the re-fire (refire_cron,
     # inside reap()'s transaction, row locks held) must not read the job's history (a count of the
@@ -380,17 +394,9 @@ def test_the_reapers_refire_of_a_lost_cron_run_reads_little_whatever_the_jobs_hi
     sql("ANALYZE cron_at_scale_jobattempt")
     dispatcher.claim()
     expire_leases(started=True)
-    plans = []
-
-    def explain(execute, query, params, many, context):
-        if "lost_attempts = j.lost_attempts + CASE" in query and "schedule_type <> 'once'" in query:  # refire_cron
-            execute("SAVEPOINT explained", None, False, context)
-            execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, many, context)
-            plans.append(context["cursor"].fetchone()[0][0])
-            execute("ROLLBACK TO SAVEPOINT explained", None, False, context)
-        return execute(query, params, many, context)
-
-    with connection.execute_wrapper(explain):
+    plans: list = []
+    refire_cron = lambda q: "lost_attempts = j.lost_attempts + CASE" in q and "schedule_type <> 'once'" in q  # noqa: E731
+    with connection.execute_wrapper(_explained(refire_cron, plans)):
         assert dispatcher.reap() == 1
     assert [c.attempt for c in dispatcher.published] == [100002]  # fired again
     assert plans[0]["Plan"]["Shared Hit Blocks"] + plans[0]["Plan"].get("Shared Read Blocks", 0) < 100, plans[0]
@@ -414,17 +420,9 @@ def test_the_reaper_reads_the_unfinished_attempts_not_the_table(dispatcher):
     dispatcher.claim()
     expire_leases()
     sql("ANALYZE cron_at_scale_jobattempt")
-    plans = []
-
-    def explain(execute, query, params, many, context):
-        if "SET outcome = 'lost'" in query and "ORDER BY locked_until" in query:  # reap
-            execute("SAVEPOINT explained", None, False, context)
-            execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, many, context)
-            plans.append(context["cursor"].fetchone()[0][0])
-            execute("ROLLBACK TO SAVEPOINT explained", None, False, context)
-        return execute(query, params, many, context)
-
-    with connection.execute_wrapper(explain):
+    plans: list = []
+    reap = lambda q: "SET outcome = 'lost'" in q and "ORDER BY locked_until" in q  # noqa: E731
+    with connection.execute_wrapper(_explained(reap, plans)):
         assert dispatcher.reap() == 3
     assert {j.status for j in Job.objects.filter(id__in=[j.id for j in jobs])} == {"pending"}  # to fire again
     scans = list(_scans(plans[0]["Plan"]))
