@@ -110,3 +110,43 @@ class RecordingPublisher(Publisher):
         now = time.monotonic()
         self.published.extend((now, run) if self.stamp else run for run in batch)
         return n
+
+
+def is_claim(query: str) -> bool:
+    """Whether ``query``, as a Django execute wrapper sees it, runs the dispatcher's claim: its prepared
+    statement's ``EXECUTE`` (settings first, when the runner sends them), or its text when
+    ``PREPARED_STATEMENTS`` is off; not the ``PREPARE`` that only makes the statement."""
+    if "EXECUTE cas_claim(" in query:
+        return True
+    return "SKIP LOCKED" in query and "INSERT INTO cron_at_scale_jobattempt" in query and "PREPARE " not in query
+
+
+def claim_plan(params: dict, analyze: bool = False) -> list:
+    """The plan of the claim as the dispatcher runs it (its transaction's ``claim_settings``, then
+    ``db.run("claim", params)``: the prepared statement's generic plan), EXPLAINed in a rolled-back
+    transaction: ``EXPLAIN`` text lines, or with ``analyze`` the JSON plan of ``EXPLAIN (ANALYZE,
+    BUFFERS, FORMAT JSON)``."""
+    from django.db import connection, transaction
+
+    from cron_at_scale import sql as db
+
+    plans: list = []
+
+    def explain(execute, query, params_, many, context):
+        if is_claim(query):
+            cur = context["cursor"]
+            how = "(ANALYZE, BUFFERS, FORMAT JSON) " if analyze else ""
+            execute("SAVEPOINT explained", None, False, context)
+            execute(f"EXPLAIN {how}" + query, params_, many, context)
+            rows = cur.fetchall()
+            plans.append(rows[0][0][0] if analyze else [r[0] for r in rows])
+            execute("ROLLBACK TO SAVEPOINT explained", None, False, context)
+        return execute(query, params_, many, context)
+
+    with transaction.atomic():
+        db.run("claim_settings", {"idle_ms": 5000}, fetch="count", retries=0)
+        with connection.execute_wrapper(explain):
+            db.run("claim", params, retries=0)
+        transaction.set_rollback(True)
+    assert len(plans) == 1, plans
+    return plans[0]

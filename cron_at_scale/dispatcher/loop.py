@@ -164,6 +164,7 @@ class Dispatcher:
                 runs = [Claimed.from_row(r) for r in rows if r.schedule_type == "once"]
                 recurring = [r for r in rows if r.schedule_type != "once"]
                 if recurring:
+                    db.run("claim_plan_done", fetch="count", retries=0)
                     runs += advance(recurring, lease=self.lease, lookahead=lookahead, shared=self.occurrences)
                 if rows:  # runs already past their expiry are recorded skipped, not published
                     runs = drop_expired(runs, rows[0].db_now)

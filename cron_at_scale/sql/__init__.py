@@ -12,8 +12,8 @@ true); a name is unique across the files. The options (:data:`OPTIONS`) say how
 * ``:async``: committed with ``synchronous_commit = off`` (this statement's
   own transaction only): its loss in a crash of PostgreSQL is harmless, as its
   comment says.
-* ``:prepared``: run per task by every worker: a server-side prepared
-  statement with a generic plan.
+* ``:prepared``: run per task by every worker, or per batch by every
+  dispatcher (the claim): a server-side prepared statement with a generic plan.
 
 The rules: a named statement is sent through :func:`run` (a ``COPY ... FROM
 STDIN`` too, with ``copy_from=``), never with a cursor of the caller's; the
@@ -105,9 +105,8 @@ def _load(directory: Path = DIRECTORY) -> tuple[dict[str, str], dict[str, frozen
 QUERIES, OPTIONS, OWNERS = _load()
 # OWNERS: statement name -> the module that runs it (its header's "run by")
 
-# Statements marked :prepared: run per task by every worker, worth preparing.
-# (The claim runs once per batch and keeps custom plans: its shard filter folds away only
-# when planned with its values.)
+# Statements marked :prepared: run per task by every worker, or per batch by every dispatcher (the
+# claim, whose own transaction sets the same plan settings: claim_settings), worth preparing.
 PREPARED = frozenset(name for name, opts in OPTIONS.items() if "prepared" in opts)
 _PARAM = re.compile(r"%\((\w+)\)s")
 _ASYNC = "SET LOCAL synchronous_commit = off; "  # statements marked :async, in their own transaction
@@ -152,9 +151,11 @@ def _execute_prepared(cur, conn, name: str, params: dict, bare: bool) -> None:
     try:
         _execute_prepared_once(cur, conn, name, params, bare)
     except ProgrammingError as e:  # the session lost its prepared statements (DISCARD ALL by a pooler)
-        if f"cas_{name}" not in str(e) or conn.in_atomic_block:
+        if f"cas_{name}" not in str(e):
             raise
         _templates.pop(conn.connection, None)
+        if conn.in_atomic_block:  # the transaction is aborted: the caller's next one prepares them again
+            raise
         _execute_prepared_once(cur, conn, name, params, bare)
 
 

@@ -109,7 +109,7 @@ def test_a_claim_left_idle_in_its_transaction_is_ended_by_the_server_and_publish
     import time
 
     from django.db import InterfaceError, OperationalError, connection
-    from helpers import RecordingPublisher
+    from helpers import RecordingPublisher, is_claim
 
     from cron_at_scale import sql as db
 
@@ -120,7 +120,7 @@ def test_a_claim_left_idle_in_its_transaction_is_ended_by_the_server_and_publish
 
     def stall(execute, query, params, many, context):
         result = execute(query, params, many, context)
-        if "SKIP LOCKED" in query and "INSERT INTO cron_at_scale_jobattempt" in query and not stalled:
+        if is_claim(query) and not stalled:
             stalled.append(time.monotonic())
             time.sleep(1.6)  # idle in the claim's transaction, its rows locked, past the timeout
         return result

@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.db import transaction
-from helpers import RecordingPublisher, sql
+from helpers import RecordingPublisher, claim_plan, is_claim, sql
 
 import cron_at_scale
 from cron_at_scale.models import Job
-from cron_at_scale.sql import QUERIES
 
 pytestmark = pytest.mark.django_db
 
@@ -62,14 +60,52 @@ def test_claim_walks_the_shard_index_beside_many_future_jobs():
     sql("ANALYZE cron_at_scale_job")
     params = {"limit": 1000, "dispatcher": "t", "lease": 30.0, "lookahead": 1.0, **NOTHING_HELD}
     for shards in (list(range(64)), [3, 7]):  # every shard, or a few
-        with transaction.atomic():  # with the claim's settings, as it runs
-            sql(QUERIES["claim_settings"], {"idle_ms": 5000})
-            plan = "\n".join(r[0] for r in sql("EXPLAIN " + QUERIES["claim"], {**params, "shards": shards,
-                                                                              "floors": [None] * len(shards),
-                                                                              "per_shard": 1000 // len(shards)}))
-            transaction.set_rollback(True)
+        # with the claim's settings and its generic plan, as it runs
+        plan = "\n".join(claim_plan({**params, "shards": shards, "floors": [None] * len(shards),
+                                     "per_shard": 1000 // len(shards)}))
         assert "Index Scan using cron_job_pending_shard on cron_at_scale_job" in plan, plan
         assert "Seq Scan on cron_at_scale_job" not in plan, plan
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_claim_keeps_one_generic_plan_that_stays_on_the_indexes_as_the_table_grows():
+    # The claim is a prepared statement, planned once for many claims (its generic plan), never per
+    # claim. That plan is made at the dispatcher's first claim, here while the table is empty; 50,000
+    # future and 200 due jobs later (no ANALYZE since, which would make PostgreSQL plan it again) the
+    # same plan still reaches the rows by index: reading about the due ones, no scan of the table.
+    from django.db import connection
+
+    from cron_at_scale.dispatcher import Dispatcher
+
+    d = Dispatcher(name="t", shards="all", publisher=RecordingPublisher())
+    plans: list[dict] = []
+
+    def explain(execute, query, params, many, context):
+        if is_claim(query):
+            cur = context["cursor"]
+            execute("SAVEPOINT explained", None, False, context)
+            execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, many, context)
+            plans.append(cur.fetchone()[0][0]["Plan"])
+            execute("ROLLBACK TO SAVEPOINT explained", None, False, context)
+        return execute(query, params, many, context)
+
+    try:
+        assert d.claim() == []
+        sql("""INSERT INTO cron_at_scale_job (id, fire_at, task, payload, options)
+               SELECT gen_random_uuid(), statement_timestamp() + interval '1 hour' + g * interval '1 second', 'demo.tasks.noop',
+                      '{}', '{}'
+               FROM generate_series(1, 50000) AS g""")
+        _due_in_shards(200, 0, 63)
+        with connection.execute_wrapper(explain):
+            assert len(d.claim()) == 200
+        (generic, custom), = sql("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                                 "WHERE name = 'cas_claim'")
+    finally:
+        d.close()
+    assert (generic >= 2, custom) == (True, 0)  # the first claim's plan, used again: never one per claim
+    scans = json.dumps(plans[-1])
+    assert '"Seq Scan"' not in scans and '"Bitmap Heap Scan"' not in scans, plans[-1]
+    assert _scan_rows(plans[-1]) <= 200 + 64, plans[-1]
 
 
 def _due_in_shards(n: int, first: int, last: int, ago: str = "10 minutes") -> None:
@@ -114,7 +150,7 @@ def test_the_claim_reads_no_backlog_of_shards_it_does_not_hold(monkeypatch):
     plans: list[dict] = []
 
     def explain(execute, query, params, many, context):
-        if "SKIP LOCKED" in query and "INSERT INTO cron_at_scale_jobattempt" in query:  # the claim
+        if is_claim(query):
             cur = context["cursor"]
             execute("SHOW enable_sort", None, False, context)
             assert cur.fetchone()[0] == "off"  # inside the claim's transaction, after claim_settings
@@ -161,7 +197,7 @@ def test_the_claim_does_not_reread_the_jobs_it_claimed_behind_an_old_transaction
     plans: list[dict] = []
 
     def explain(execute, query, params, many, context):
-        if "SKIP LOCKED" in query and "INSERT INTO cron_at_scale_jobattempt" in query:  # the claim
+        if is_claim(query):
             cur = context["cursor"]
             execute("SAVEPOINT explained", None, False, context)
             execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, many, context)
@@ -208,10 +244,7 @@ def test_the_claim_with_held_queues_still_walks_the_shard_index(held):
     sql("ANALYZE cron_at_scale_job")
     params = {"limit": 1000, "dispatcher": "t", "lease": 30.0, "lookahead": 1.0, "shards": list(range(64)),
               "floors": [None] * 64, "per_shard": 16, **held}
-    with transaction.atomic():
-        sql(QUERIES["claim_settings"], {"idle_ms": 5000})
-        plan = "\n".join(r[0] for r in sql("EXPLAIN " + QUERIES["claim"], params))
-        transaction.set_rollback(True)
+    plan = "\n".join(claim_plan(params))
     assert "Index Scan using cron_job_pending_shard on cron_at_scale_job" in plan, plan
     assert "Seq Scan on cron_at_scale_job" not in plan, plan
     # one sort: of the shards' heads (a batch and a few rows), never of a shard's due rows
