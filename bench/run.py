@@ -585,7 +585,10 @@ class Bench:
         plan: list[str] = []
 
         def capture(execute, sql, params, many, context):
-            if not plan and "SKIP LOCKED" in sql and re.search(r"FROM cron_at_scale_job\b", sql):
+            # the prepared claim's EXECUTE, or its text with PREPARED_STATEMENTS off (not the PREPARE)
+            claim = "EXECUTE cas_claim(" in sql or (
+                "SKIP LOCKED" in sql and re.search(r"FROM cron_at_scale_job\b", sql) and "PREPARE " not in sql)
+            if not plan and claim:
                 execute("EXPLAIN " + sql, params, many, context)
                 plan.extend(r[0] for r in context["cursor"].fetchall())
             return execute(sql, params, many, context)
