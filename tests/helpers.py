@@ -121,25 +121,21 @@ def is_claim(query: str) -> bool:
     return "SKIP LOCKED" in query and "INSERT INTO cron_at_scale_jobattempt" in query and "PREPARE " not in query
 
 
-def claim_plan(params: dict, analyze: bool = False) -> list:
+def claim_plan(params: dict) -> list[str]:
     """The plan of the claim as the dispatcher runs it (its transaction's ``claim_settings``, then
     ``db.run("claim", params)``: the prepared statement's generic plan), EXPLAINed in a rolled-back
-    transaction: ``EXPLAIN`` text lines, or with ``analyze`` the JSON plan of ``EXPLAIN (ANALYZE,
-    BUFFERS, FORMAT JSON)``."""
+    transaction, as ``EXPLAIN``'s text lines."""
     from django.db import connection, transaction
 
     from cron_at_scale import sql as db
 
-    plans: list = []
+    plans: list[list[str]] = []
 
     def explain(execute, query, params_, many, context):
         if is_claim(query):
-            cur = context["cursor"]
-            how = "(ANALYZE, BUFFERS, FORMAT JSON) " if analyze else ""
             execute("SAVEPOINT explained", None, False, context)
-            execute(f"EXPLAIN {how}" + query, params_, many, context)
-            rows = cur.fetchall()
-            plans.append(rows[0][0][0] if analyze else [r[0] for r in rows])
+            execute("EXPLAIN " + query, params_, many, context)
+            plans.append([r[0] for r in context["cursor"].fetchall()])
             execute("ROLLBACK TO SAVEPOINT explained", None, False, context)
         return execute(query, params_, many, context)
 

@@ -30,8 +30,8 @@
 -- %(idle_ms)s NULL (a claim nested in its caller's transaction, as in tests): the caller's own
 -- setting stays, since the bound would also end the caller's transaction after the claim.
 -- plan_cache_mode force_generic_plan: the claim is a prepared statement (:prepared) whose one
--- generic plan serves every claim, instead of a plan made per claim (~0.5 ms of PostgreSQL CPU,
--- most of a small batch's claim). enable_seqscan and enable_bitmapscan off, as for the workers'
+-- generic plan serves every claim, instead of a plan made per claim (0.4-0.6 ms of PostgreSQL
+-- CPU, a third of a claim of a few jobs). enable_seqscan and enable_bitmapscan off, as for the workers'
 -- prepared statements (cron_at_scale/sql/__init__.py): a generic plan made while the table was
 -- small must still reach rows by index once it is large. The statements after the claim in its
 -- transaction (recurring jobs moved on) plan with the defaults again: claim_plan_done.
