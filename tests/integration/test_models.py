@@ -67,6 +67,20 @@ def test_claim_walks_the_shard_index_beside_many_future_jobs():
         assert "Seq Scan on cron_at_scale_job" not in plan, plan
 
 
+def _claim_plans(plans: list[dict]):
+    """A Django execute wrapper that appends to ``plans`` the plan of each claim it sees (``EXPLAIN
+    (ANALYZE, BUFFERS, FORMAT JSON)``, its effects undone), then runs the claim."""
+    def explain(execute, query, params, many, context):
+        if is_claim(query):
+            cur = context["cursor"]
+            execute("SAVEPOINT explained", None, False, context)
+            execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, many, context)
+            plans.append(cur.fetchone()[0][0]["Plan"])
+            execute("ROLLBACK TO SAVEPOINT explained", None, False, context)
+        return execute(query, params, many, context)
+    return explain
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_claim_keeps_one_generic_plan_that_stays_on_the_indexes_as_the_table_grows():
     # The claim is a prepared statement, planned once for many claims (its generic plan), never per
@@ -79,15 +93,7 @@ def test_the_claim_keeps_one_generic_plan_that_stays_on_the_indexes_as_the_table
 
     d = Dispatcher(name="t", shards="all", publisher=RecordingPublisher())
     plans: list[dict] = []
-
-    def explain(execute, query, params, many, context):
-        if is_claim(query):
-            cur = context["cursor"]
-            execute("SAVEPOINT explained", None, False, context)
-            execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, many, context)
-            plans.append(cur.fetchone()[0][0]["Plan"])
-            execute("ROLLBACK TO SAVEPOINT explained", None, False, context)
-        return execute(query, params, many, context)
+    explain = _claim_plans(plans)
 
     try:
         assert d.claim() == []
@@ -195,15 +201,7 @@ def test_the_claim_does_not_reread_the_jobs_it_claimed_behind_an_old_transaction
     d = Dispatcher(name="mine", batch_size=1000, shards="all", publisher=RecordingPublisher())
     d.shards.floors.sweep = 3600.0  # no sweep during the test (the first claim has no floor)
     plans: list[dict] = []
-
-    def explain(execute, query, params, many, context):
-        if is_claim(query):
-            cur = context["cursor"]
-            execute("SAVEPOINT explained", None, False, context)
-            execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + query, params, many, context)
-            plans.append(cur.fetchone()[0][0]["Plan"])
-            execute("ROLLBACK TO SAVEPOINT explained", None, False, context)
-        return execute(query, params, many, context)
+    explain = _claim_plans(plans)
 
     def buffers(node: dict) -> int:  # of the search for due rows (its scans of the job table)
         if node.get("Subplan Name") == "CTE claimed":
