@@ -21,7 +21,12 @@ schedules jobs due now (no ``at``) with ``schedule_many`` at a fixed rate, in ca
     body         the task's body ran
 
 Prints p50/p99/max of each hop and of the total (scheduled -> body, the figure the issue's
-harness measured), per rate; one JSON line on stdout. No timed asserts. TRUNCATEs the job tables
+harness measured), per rate; one JSON line on stdout.
+
+``--plain`` measures the floor the same way: plain Celery tasks sent with ``send_task`` (what a
+user would call instead, no database on the path) at the same rate, in the same calls of 1 to
+``--batch-max``, to the same workers; ``scheduled`` is then each task's own ``send_task`` returning,
+and the hops are scheduled -> received -> prerun -> body. No timed asserts. TRUNCATEs the job tables
 of ``DATABASE_URL``: never point it at a database you care about.
 """
 
@@ -45,6 +50,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
 os.environ.setdefault("CRON_AT_SCALE_DATA_DIR", str(ROOT / ".demo-data"))
 
 HOPS = ("scheduled", "woke", "claim_start", "claimed", "published", "received", "prerun", "started", "body")
+PLAIN_HOPS = ("scheduled", "received", "prerun", "body")
 TASK = "bench.pickup"
 
 
@@ -63,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=1, help="prefork children per worker (1)")
     p.add_argument("--worker-args", default="", help="more celery worker options, e.g. '-O fair'")
     p.add_argument("--dispatcher-args", default="", help="more cron_dispatcher options, e.g. '--poll-interval 0.1'")
+    p.add_argument("--plain", action="store_true",
+                   help="the baseline: plain Celery send_task, no dispatcher, no database")
     p.add_argument("--seed", type=int, default=1)
     return p.parse_args(argv)
 
@@ -108,16 +116,16 @@ def loop_spans(path: Path) -> dict[str, dict]:
             for name, v in spans.items()}
 
 
-def hop_table(jobs: dict[str, dict[str, float]]) -> dict[str, dict]:
+def hop_table(jobs: dict[str, dict[str, float]], plain: bool = False) -> dict[str, dict]:
     """p50/p99/max (ms) of each hop, from the hop before it that the job has, and of the total."""
-    hops = [h for h in HOPS if h != "woke"]
+    hops = list(PLAIN_HOPS) if plain else [h for h in HOPS if h != "woke"]
     out: dict[str, dict] = {}
     spans: dict[str, list[float]] = {}
     for t in jobs.values():
         if not all(h in t for h in hops):
             continue
         chain = hops
-        if t["started"] <= t["prerun"]:  # BATCH_STARTS: started by the worker's parent, before a pool child
+        if not plain and t["started"] <= t["prerun"]:  # BATCH_STARTS: started by the worker's parent, before a pool child
             chain = [h for h in hops if h != "started"]
             chain.insert(chain.index("prerun"), "started")
         for a, b in zip(chain, chain[1:], strict=False):
@@ -126,7 +134,8 @@ def hop_table(jobs: dict[str, dict[str, float]]) -> dict[str, dict]:
             spans.setdefault("scheduled -> woke (woken jobs)", []).append((t["woke"] - t["scheduled"]) * 1000)
             spans.setdefault("woke -> claim_start (woken jobs)", []).append((t["claim_start"] - t["woke"]) * 1000)
         spans.setdefault("total: scheduled -> body", []).append((t["body"] - t["scheduled"]) * 1000)
-        spans.setdefault("scheduled -> started", []).append((t["started"] - t["scheduled"]) * 1000)
+        if not plain:
+            spans.setdefault("scheduled -> started", []).append((t["started"] - t["scheduled"]) * 1000)
     for name, v in spans.items():
         out[name] = {"n": len(v), "p50": round(statistics.median(v), 2), "p99": round(pct(v, 0.99), 2),
                      "max": round(max(v), 2)}
@@ -159,7 +168,8 @@ def main(argv=None) -> int:
     names = [f"pickup-w{i}" for i in range(args.workers)]
     rng = random.Random(args.seed)
     results: dict = {"clock": "this host's time.time()", "workers": args.workers, "concurrency": args.concurrency,
-                     "worker_args": args.worker_args, "dispatcher_args": args.dispatcher_args, "rates": {}}
+                     "worker_args": args.worker_args, "dispatcher_args": args.dispatcher_args,
+                     "path": "plain Celery send_task" if args.plain else "schedule_many", "rates": {}}
     try:
         for name in names:
             procs.worker(name, concurrency=args.concurrency, extra=["--include", "bench.pickup_probe",
@@ -167,12 +177,13 @@ def main(argv=None) -> int:
         wait_for_workers(app, names)
         with connection.cursor() as cur:
             cur.execute("TRUNCATE cron_at_scale_jobattempt, cron_at_scale_job")
-        d_args = [sys.executable, str(ROOT / "bench" / "pickup.py"), "--role", "dispatcher",
-                  "--dispatcher-args", f"--name pickup-d -v 0 {args.dispatcher_args}"]
-        with open(ROOT / "bench" / "results" / "logs" / "pickup-d.log", "ab") as out:
-            procs.procs.append(subprocess.Popen(d_args, cwd=PROJECT_DIR, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                                start_new_session=True))
-        time.sleep(3)  # the dispatcher connects, takes its shards, LISTENs
+        if not args.plain:
+            d_args = [sys.executable, str(ROOT / "bench" / "pickup.py"), "--role", "dispatcher",
+                      "--dispatcher-args", f"--name pickup-d -v 0 {args.dispatcher_args}"]
+            with open(ROOT / "bench" / "results" / "logs" / "pickup-d.log", "ab") as out:
+                procs.procs.append(subprocess.Popen(d_args, cwd=PROJECT_DIR, env=env, stdout=out,
+                                                    stderr=subprocess.STDOUT, start_new_session=True))
+            time.sleep(3)  # the dispatcher connects, takes its shards, LISTENs
         for per_s in [int(r) for r in args.rates.split(",")]:
             for f in probe_dir.glob("*.log"):
                 f.write_text("")  # truncated in place: each process keeps appending to its own file
@@ -187,12 +198,15 @@ def main(argv=None) -> int:
                 pause = at - time.monotonic()
                 if pause > 0:
                     time.sleep(pause)
-                jobs = schedule_many([{"task": TASK}] * k)
-                done = time.time()
+                if args.plain:  # each task's own send returned
+                    stamped = [(app.send_task(pickup_probe.PLAIN).id, time.time()) for _ in range(k)]
+                else:  # every job of the call is visible at once, when its transaction commits
+                    ids = [str(j.id) for j in schedule_many([{"task": TASK}] * k)]
+                    done = time.time()
+                    stamped = [(j, done) for j in ids]
                 if sent >= per_s * args.warmup:
-                    ids = [str(j.id) for j in jobs]
-                    counted += ids
-                    mine.write("".join(f"scheduled {j} {done:.6f}\n" for j in ids))
+                    counted += [j for j, _ in stamped]
+                    mine.write("".join(f"scheduled {j} {at:.6f}\n" for j, at in stamped))
                 sent += k
             behind = time.monotonic() - t_start - total / per_s
             mine.close()
@@ -204,13 +218,13 @@ def main(argv=None) -> int:
                 time.sleep(0.5)
             got = read_probes(probe_dir)
             jobs_seen = {j: got[j] for j in counted if j in got}
-            table = hop_table(jobs_seen)
+            table = hop_table(jobs_seen, plain=args.plain)
             woken = sum(1 for t in jobs_seen.values() if "woke" in t)
             loop = loop_spans(probe_dir)
             results["rates"][per_s] = {"jobs": len(counted), "ran": sum(1 for t in jobs_seen.values() if "body" in t),
                                        "woken_by_notify": woken, "behind_s": round(behind, 3), "hops": table,
                                        "dispatcher_loop": loop}
-            say(f"\n{per_s} jobs/s, {len(counted)} jobs ({results['rates'][per_s]['ran']} ran, {woken} claimed "
+            say(f"\n{results['path']}: {per_s} jobs/s, {len(counted)} jobs ({results['rates'][per_s]['ran']} ran, {woken} claimed "
                 f"right after a NOTIFY; the scheduler {behind * 1000:.0f} ms behind its rate at the end); "
                 f"ms on this host's clock")
             say(f"  {'hop':42s} {'p50':>8s} {'p99':>8s} {'max':>8s}")

@@ -35,10 +35,22 @@ def _job_id(request) -> str | None:
     from cron_at_scale.broker.message import HEADER
     from cron_at_scale.worker.task import job_header
 
+    if getattr(request, "task", None) == PLAIN or getattr(request, "name", None) == PLAIN:
+        return str(request.id)  # a plain Celery task: its task id stands for the job
     meta = job_header(request)
     if meta is None:
         meta = (getattr(request, "request_dict", None) or {}).get(HEADER)
     return str(meta["job_id"]) if isinstance(meta, dict) else None
+
+
+PLAIN = "bench.pickup_plain"
+
+
+@shared_task(name=PLAIN, ignore_result=True, bind=True)
+def pickup_plain(self) -> None:
+    """The baseline's task, sent with Celery's ``send_task`` (``bench/pickup.py --plain``): records
+    that its body ran, under its task id."""
+    record("body", [self.request.id])
 
 
 @shared_task(name="bench.pickup", ignore_result=True)

@@ -51,3 +51,24 @@ def test_the_pickup_benchmark_times_every_hop_of_every_job(transactional_db, bro
     assert "scheduled -> woke (woken jobs)" in hops
     assert isinstance(run["dispatcher_loop"], dict)  # the loop's other work, by kind (maybe none this short)
     assert "p99" in proc.stderr  # the table
+
+
+def test_the_plain_celery_baseline_times_the_same_hops_without_the_database(transactional_db, broker):
+    """``--plain``: plain ``send_task`` to the same workers, no dispatcher; each task's hops timed."""
+    from demo.runner import child_env, database_url
+    from django.conf import settings
+    from django.db import connection
+
+    env = child_env(database_url(connection.settings_dict), settings.CELERY_BROKER_URL)
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "pickup.py"), "--plain", "--rates", "40",
+                           "--duration", "2", "--warmup", "0.5", "--workers", "1", "--concurrency", "2"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["path"] == "plain Celery send_task"
+    run = r["rates"]["40"]
+    assert run["jobs"] == 80 and run["ran"] == 80
+    assert run["woken_by_notify"] == 0  # no dispatcher on this path
+    for hop in ("scheduled -> received", "received -> prerun", "prerun -> body", "total: scheduled -> body"):
+        assert run["hops"][hop]["n"] == 80, hop
+    assert "claim_start -> claimed" not in run["hops"]

@@ -245,6 +245,62 @@ def test_a_message_goes_at_once_while_a_pool_slot_is_free_and_waits_for_others_w
     assert batch_start.fresh_row({**handed_row, "until": time.monotonic() + 60}).started_at == started[b[0]]
 
 
+def test_a_held_batch_starts_once_messages_stop_coming_unless_others_wait_for_the_pool_ahead_of_it(monkeypatch):
+    """Nothing waiting for a pool slot ahead of it: a batch is started once no message came for GAP,
+    long before HOLD (it would otherwise wait while the pool could take it). Requests waiting ahead
+    of it: it is held for HOLD, since it waits for them anyway and a larger batch costs less."""
+    from celery.worker import state as worker_state
+    from kombu.asynchronous import Hub, get_event_loop, set_event_loop
+
+    from cron_at_scale.broker.message import HEADER
+
+    monkeypatch.setattr(batch_start, "GAP", 0.02)
+    monkeypatch.setattr(batch_start, "HOLD", 30.0)
+    (a, b, c) = claimed(3)
+
+    class Request:
+        def __init__(self, job=None):
+            self.id = token()
+            self.request_dict = {HEADER: {"job_id": job[0], "attempt": job[1]}} if job else {}
+            self.worker_pid = None
+
+    handed: list = []
+    starter = batch_start.BatchStarter()
+    starter.waiting.thread_host.stop()
+    running, waiting_ahead = Request(), Request()
+    ra, rb, rc = Request(a), Request(b), Request(c)
+    previous, hub = get_event_loop(), Hub()
+    set_event_loop(hub)
+    try:
+        # one pool slot, running a task; nothing else waits for it
+        worker_state.reserved_requests.update([running, ra])
+        starter.receive(handed.append, ra, slots=1)
+        assert handed == []
+        time.sleep(0.06)  # past GAP, far from HOLD
+        hub.fire_timers(propagate=(Exception,))
+        assert handed == [ra]  # the messages stopped coming: started and handed over
+
+        # the same, with a request waiting for the slot ahead of the batch
+        worker_state.reserved_requests.update([waiting_ahead, rb])
+        starter.receive(handed.append, rb, slots=1)
+        worker_state.reserved_requests.add(rc)
+        starter.receive(handed.append, rc, slots=1)
+        time.sleep(0.06)
+        hub.fire_timers(propagate=(Exception,))
+        assert handed == [ra]  # quiet past GAP, but held: it would wait behind the other anyway
+        monkeypatch.setattr(batch_start, "HOLD", 0.05)
+        time.sleep(0.06)
+        starter._linger(hub, starter.batch)  # the timer it left looks again once HOLD has passed
+        assert handed == [ra, rb, rc]
+    finally:
+        set_event_loop(previous)
+        for r in (running, waiting_ahead, ra, rb, rc):
+            worker_state.reserved_requests.discard(r)
+    started = {str(x.job_id): x.started_at for x in JobAttempt.objects.all()}
+    assert started[a[0]] is not None and started[a[0]] != started[b[0]]
+    assert started[b[0]] == started[c[0]] is not None  # b and c in one statement
+
+
 def test_a_run_left_waiting_past_its_start_is_set_aside_so_the_worker_dying_costs_its_job_no_lost_attempt():
     from cron_at_scale.models import Job
 
