@@ -303,24 +303,41 @@ class Sender:
     its shard leases, which move to a dispatcher that can publish. After that
     the batch is logged and left to the reaper. ``lock`` guards the publisher
     against other uses of it.
+
+    A batch of at most ``inline_max`` runs sent while nothing is queued or
+    being published goes out on the caller's thread instead, by the same
+    rules: there is nothing for a claim to overlap (a few jobs due now), and
+    the hand-over to the thread cost ~0.7 ms of the pickup of a job due now
+    (the thread waits for the caller to give up the GIL).
     """
 
-    def __init__(self, publisher: Publisher, on_sent, depth: int = 2, retry_for: float = 0.0):
+    def __init__(self, publisher: Publisher, on_sent, depth: int = 2, retry_for: float = 0.0,
+                 inline_max: int = 50):
         self.publisher = publisher
         self.on_sent = on_sent  # on_sent(count, seconds)
         self.retry_for = retry_for
+        self.inline_max = inline_max
         self.lock = threading.Lock()
         self.queue: queue.Queue[list[Claimed] | None] = queue.Queue(maxsize=depth)
         self.thread: threading.Thread | None = None
         self._starting = threading.Lock()  # the dispatcher's loop and its timer thread both send
+        self._pending = 0  # batches queued or being published by the thread (guarded by _starting)
 
     def send(self, runs: list[Claimed]) -> None:
-        """Queue ``runs`` for publishing (blocks while ``depth`` batches wait)."""
+        """Publish ``runs``: on this thread if the batch is small and the sender idle (returns once
+        published or given up), else queued for the sender's thread (blocks while ``depth`` batches
+        wait)."""
         with self._starting:
-            if self.thread is None or not self.thread.is_alive():
-                self.thread = threading.Thread(target=self._loop, name="cron_at_scale-sender", daemon=True)
-                self.thread.start()
-        self.queue.put(runs)
+            inline = self._pending == 0 and len(runs) <= self.inline_max
+            if not inline:
+                self._pending += 1
+                if self.thread is None or not self.thread.is_alive():
+                    self.thread = threading.Thread(target=self._loop, name="cron_at_scale-sender", daemon=True)
+                    self.thread.start()
+        if inline:
+            self._send(runs)
+        else:
+            self.queue.put(runs)
 
     def wait(self) -> None:
         """Return once every queued batch is published (or failed)."""
@@ -340,14 +357,21 @@ class Sender:
             try:
                 if runs is None:
                     return
-                t0 = time.monotonic()
-                n = self._publish(runs, t0 + self.retry_for)
-                self.on_sent(n, time.monotonic() - t0)
-            except Exception:
-                # Claimed but not sent: their leases expire and the reaper fires them again.
-                log.exception("publishing %d claimed jobs failed; the reaper will re-fire them", len(runs or ()))
+                self._send(runs)
             finally:
+                if runs is not None:
+                    with self._starting:
+                        self._pending -= 1
                 self.queue.task_done()
+
+    def _send(self, runs: list[Claimed]) -> None:
+        try:
+            t0 = time.monotonic()
+            n = self._publish(runs, t0 + self.retry_for)
+            self.on_sent(n, time.monotonic() - t0)
+        except Exception:
+            # Claimed but not sent: their leases expire and the reaper fires them again.
+            log.exception("publishing %d claimed jobs failed; the reaper will re-fire them", len(runs))
 
     def _publish(self, runs: list[Claimed], deadline: float) -> int:
         pause = 0.1

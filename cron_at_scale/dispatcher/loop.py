@@ -238,7 +238,8 @@ class Dispatcher:
 
     def _publish(self, runs: list[Claimed], wait: bool = True) -> None:
         """Publish ``runs`` on the sender thread; ``wait=False`` returns at once (the run loop:
-        the next claim overlaps this publish)."""
+        the next claim overlaps this publish). A few runs with the sender idle go out on this
+        thread before it returns (``Sender.send``)."""
         if runs:
             self.sender.send(runs)
         if wait:
