@@ -21,13 +21,13 @@ schedules jobs due now (no ``at``) with ``schedule_many`` at a fixed rate, in ca
     body         the task's body ran
 
 Prints p50/p99/max of each hop and of the total (scheduled -> body, the figure the issue's
-harness measured), per rate; one JSON line on stdout.
+harness measured), per rate; one JSON line on stdout. No timed asserts. TRUNCATEs the job tables
+of ``DATABASE_URL``: never point it at a database you care about.
 
 ``--plain`` measures the floor the same way: plain Celery tasks sent with ``send_task`` (what a
 user would call instead, no database on the path) at the same rate, in the same calls of 1 to
 ``--batch-max``, to the same workers; ``scheduled`` is then each task's own ``send_task`` returning,
-and the hops are scheduled -> received -> prerun -> body. No timed asserts. TRUNCATEs the job tables
-of ``DATABASE_URL``: never point it at a database you care about.
+and the hops are scheduled -> received -> prerun -> body.
 """
 
 from __future__ import annotations
