@@ -42,8 +42,7 @@ def main(argv=None) -> int:
 
     django.setup()
     from django.core.management import call_command
-    from django.db import connection
-    from helpers import RecordingPublisher
+    from helpers import RecordingPublisher, sql
 
     import cron_at_scale
     from cron_at_scale.dispatcher import Dispatcher
@@ -51,22 +50,17 @@ def main(argv=None) -> int:
 
     call_command("migrate", verbosity=0)
 
-    def q(text: str, params=()):
-        with connection.cursor() as c:
-            c.execute(text, params)
-            return c.fetchall() if c.description else None
-
-    q("DELETE FROM cron_at_scale_job WHERE fire_at < now() + interval '1 hour'")  # an earlier run's due jobs
-    (have,), = q("SELECT count(*) FROM cron_at_scale_job WHERE status = 'pending'")
+    sql("DELETE FROM cron_at_scale_job WHERE fire_at < now() + interval '1 hour'")  # an earlier run's due jobs
+    (have,), = sql("SELECT count(*) FROM cron_at_scale_job WHERE status = 'pending'")
     if have < a.pending:
         base = db_now() + timedelta(days=1)
         for start in range(have, a.pending, 50_000):
             cron_at_scale.schedule_many([{"task": "demo.tasks.noop", "args": [i], "at": base + timedelta(milliseconds=i)}
                                          for i in range(start, min(a.pending, start + 50_000))])
-        q("VACUUM ANALYZE cron_at_scale_job")
+        sql("VACUUM ANALYZE cron_at_scale_job")
     d = Dispatcher(name="bench", shards="all", publisher=RecordingPublisher(), hold_unconsumed=False)
     d.claim()  # shards taken, statements prepared
-    (backend,), = q("SELECT pg_backend_pid()")
+    (backend,), = sql("SELECT pg_backend_pid()")
     walls: list[float] = []
     cpu = 0.0
     claimed = 0
@@ -76,7 +70,7 @@ def main(argv=None) -> int:
         claimed += len(d.claim())
         walls.append((time.perf_counter() - t0) * 1000)
         cpu += backend_cpu(backend) - c0
-    plans = q("SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'cas_claim'")
+    plans = sql("SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'cas_claim'")
     d.close()
     walls.sort()
     print(f"{a.claims} claims of {a.jobs} due jobs beside {max(have, a.pending):,} pending: {claimed} claimed")
