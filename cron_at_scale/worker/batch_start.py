@@ -370,11 +370,21 @@ def _pool_slots(consumer) -> int | None:
 
 class _ConsumerView:
     """Celery's consumer, but for ``on_task_request``: what the strategy hands to the pool goes
-    through the batch starter first."""
+    through the batch starter first, at once or, for a message with an eta (``ETA_LEAD``: every run
+    claimed ahead of its ``fire_at``), when its timer fires. A task with a Celery ``rate_limit`` goes
+    through Celery's token bucket, which hands it to the pool itself: its pool process starts it."""
 
     def __init__(self, consumer, on_task_request) -> None:
         self._consumer = consumer
         self.on_task_request = on_task_request
+
+    def apply_eta_task(self, request) -> None:
+        """Celery's ``Consumer.apply_eta_task`` (its timer calls it at the eta), its request handed
+        to the batch starter instead of straight to the pool: else a run published ahead would wait
+        in the pool unstarted, its dispatch lease running out behind long tasks."""
+        worker_state.task_reserved(request)
+        self.on_task_request(request)
+        self._consumer.qos.decrement_eventually()
 
     def __getattr__(self, name: str):
         return getattr(self._consumer, name)

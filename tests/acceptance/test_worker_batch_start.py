@@ -11,10 +11,12 @@ import json
 import signal
 import socket
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 from demo.models import Execution
 from demo.runner import wait_for_workers
+from django.utils import timezone
 from helpers import wait_until
 
 import cron_at_scale
@@ -53,6 +55,26 @@ def test_a_worker_with_batched_starts_runs_every_job_once_started_by_its_main_pr
         assert by_main == len(rows), Counter(a.worker for a in rows)
     batches = Counter(a.started_at for a in rows)  # one statement per batch: its rows share started_at
     assert len(batches) < len(rows), f"{pool}: every start was its own statement"
+
+
+def test_runs_published_ahead_with_an_eta_are_started_in_batches_by_the_main_process(system):
+    """A run claimed ahead of its fire_at goes out ``ETA_LEAD`` early with Celery's eta; Celery's
+    timer hands it over at the eta, and that hand-over goes through the batch starter too."""
+    batched(system, {"DISPATCH_LEASE": 300.0, "ETA_LEAD": 1.0, "LOOKAHEAD": 1.0})
+    main = system.worker("w1", concurrency=2)
+    system.dispatcher("d1")
+    wait_for_workers(system.app, ["w1"])
+    at = timezone.now() + timedelta(seconds=4)
+    jobs = cron_at_scale.schedule_many([{"task": "demo.tasks.record", "args": [i], "at": at} for i in range(200)])
+    wait_until(lambda: Job.objects.filter(status="completed").count() == len(jobs), timeout=120,
+               what="200 jobs to complete")
+    rows = list(JobAttempt.objects.all())
+    assert len(rows) == len(jobs) and {a.outcome for a in rows} == {"succeeded"}
+    early = sum(a.dispatched_at < at - timedelta(seconds=0.5) for a in rows)
+    assert early == len(rows), f"only {early} of {len(rows)} were claimed ahead: the eta path was not taken"
+    by_main = Counter(a.worker == f"{socket.gethostname()}:{main.pid}" for a in rows)
+    assert by_main[True] >= 0.5 * len(rows), by_main  # not each started by its pool process
+    assert len(Counter(a.started_at for a in rows)) < len(rows), "every start was its own statement"
 
 
 def test_a_pool_process_killed_in_a_batched_run_is_recorded_with_its_cause(system):
