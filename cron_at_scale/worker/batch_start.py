@@ -266,10 +266,10 @@ class BatchStarter:
         event loop to wait on, else ``HOLD`` seconds after the batch's first; or sooner, once no
         other came for ``GAP`` seconds, if no request waits for a pool slot ahead of the batch.
         With a pool slot free (no more than ``slots`` requests reserved, this one included: it runs
-        at once) nothing waits: a batch
-        already held is started now with it, and a request alone goes to the pool unstarted, its
-        pool process starting it (``start_attempt``, which also carries that process's completions:
-        a batch of one would be a statement more, on the main process's event loop)."""
+        at once) nothing waits: a batch already held is started now with it, and a request alone
+        goes to the pool unstarted, its pool process starting it (``start_attempt``, which also
+        carries that process's completions: a batch of one would be a statement more, on the main
+        process's event loop)."""
         header = (request.request_dict or {}).get(HEADER)
         if not isinstance(header, dict):
             handle(request)

@@ -784,13 +784,13 @@ def test_poison_task_ends_failed_by_its_retry_policy(env):
           AND p.outcome IN ('retried', 'failed')
           AND x.executed_at BETWEEN coalesce(p.started_at, p.finished_at) - interval '0.5 seconds' AND p.finished_at))""",
         (poison, poison))
-    assert not unexplained, (
-        f"re-executed, not by a poison run's death within the window: {unexplained}\n"
-        + repr(env.db.q("SELECT job_id, attempt, outcome, worker, started_at, finished_at, error FROM cron_at_scale_jobattempt "
-                        "WHERE job_id = ANY(%s::uuid[]) OR job_id = ANY(%s::uuid[]) ORDER BY finished_at",
-                        ([str(u) for u, in unexplained], poison)))
-        + "\n" + repr(env.db.q("SELECT job_id, attempt, executed_at FROM demo_execution WHERE job_id = ANY(%s::uuid[])",
-                               ([str(u) for u, in unexplained],))))
+    if unexplained:
+        ids = [str(u) for u, in unexplained]
+        attempts = env.db.q("SELECT job_id, attempt, outcome, worker, started_at, finished_at, error "
+                            "FROM cron_at_scale_jobattempt WHERE job_id = ANY(%s::uuid[]) OR job_id = ANY(%s::uuid[]) "
+                            "ORDER BY finished_at", (ids, poison))
+        runs = env.db.q("SELECT job_id, attempt, executed_at FROM demo_execution WHERE job_id = ANY(%s::uuid[])", (ids,))
+        raise AssertionError(f"re-executed, not by a poison run's death within the window: {ids}\n{attempts!r}\n{runs!r}")
     print(f"[faults] other jobs run again after a success in a pool process a poison run killed: {r.reexecuted_jobs}")
     # ... and they are announced on the dead-letter queue, once each.
     announced = []
