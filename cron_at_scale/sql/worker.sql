@@ -13,7 +13,9 @@
 -- A worker starts an attempt, and writes the succeeded attempts its process
 -- handed over since its last write: one statement, one round trip per task.
 -- Only a 'dispatched' attempt starts, so a redelivered message (already
--- started) or a superseded one returns no row and is skipped. A job
+-- started) or a superseded one returns no row and is skipped, as is a recurring
+-- run's message whose %(fire_at)s is not its attempt's scheduled_at (a number handed
+-- out again after a lost claim, see start_attempts). A job
 -- cancelled since its claim is recorded as a cancelled attempt and not run.
 -- A one-off job already completed (an earlier attempt, reaped while it stalled,
 -- succeeded after all) is recorded as a skipped attempt and not run.
@@ -107,6 +109,9 @@ WITH done AS (
     WHERE r.job_id = %(job_id)s AND r.attempt = %(attempt)s AND rj.id = %(job_id)s
       AND (r.outcome = 'dispatched' OR (r.outcome = 'lost' AND r.started_at IS NULL)
            OR (r.outcome = 'running' AND r.run_token = %(token)s))
+      -- a recurring run's number must still be this message's occurrence (see start_attempts)
+      AND (rj.schedule_type = 'once' OR %(fire_at)s::timestamptz IS NULL
+           OR r.scheduled_at = %(fire_at)s::timestamptz)
 ), started AS (
     UPDATE cron_at_scale_jobattempt AS a
     -- Confirming its own start (a batch's, or a try whose reply was lost) the task has not begun
@@ -171,8 +176,9 @@ WHERE a.id = (SELECT id FROM target) AND a.outcome = 'dispatched' AND a.schedule
 -- has none), so a job's update here is only its expiry's.
 -- Synchronous commit, as start_attempt's: the attempt number is a fencing token.
 WITH msg AS MATERIALIZED (
-    SELECT m.job_id, m.attempt, m.token
-    FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[], %(tokens)s::uuid[]) AS m(job_id, attempt, token)
+    SELECT m.job_id, m.attempt, m.token, m.fire_at
+    FROM unnest(%(job_ids)s::uuid[], %(attempts)s::int[], %(tokens)s::uuid[], %(fire_ats)s::timestamptz[])
+         AS m(job_id, attempt, token, fire_at)
 ), target AS MATERIALIZED (
     SELECT m.token,
            CASE WHEN r.outcome = 'dispatched' OR r.run_token = m.token THEN r.id ELSE (
@@ -191,8 +197,14 @@ WITH msg AS MATERIALIZED (
                         FROM cron_at_scale_jobattempt
                         WHERE job_id = m.job_id AND attempt = m.attempt LIMIT 1) AS r
     CROSS JOIN LATERAL (SELECT id, schedule_type, options FROM cron_at_scale_job WHERE id = m.job_id LIMIT 1) AS rj
-    WHERE r.outcome = 'dispatched' OR (r.outcome = 'lost' AND r.started_at IS NULL)
-          OR (r.outcome = 'running' AND r.run_token = m.token)
+    WHERE (r.outcome = 'dispatched' OR (r.outcome = 'lost' AND r.started_at IS NULL)
+           OR (r.outcome = 'running' AND r.run_token = m.token))
+      -- A recurring run's number must still be this message's occurrence (its fire_at, NULL: not
+      -- checked). A claim commits asynchronously: lost in a crash of PostgreSQL with its messages
+      -- sent, its numbers are handed out again, maybe first to a re-fire of another occurrence,
+      -- whose run this stale message would otherwise take (that occurrence never running as
+      -- itself). A one-off job's stale message runs the job's attempt of that number, as it must.
+      AND (rj.schedule_type = 'once' OR m.fire_at IS NULL OR r.scheduled_at = m.fire_at)
 ), started AS (
     UPDATE cron_at_scale_jobattempt AS a
     SET started_at = statement_timestamp(),  -- also when confirming its own start: a begun run's mark

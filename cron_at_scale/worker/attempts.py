@@ -55,24 +55,27 @@ class Completer(Protocol):
     def complete(self, job_id: str, attempt: int) -> None: ...
 
 
-def write(job_id: str | None, attempt: int, worker: str, token: str | None, done: list[tuple[str, int]]):
+def write(job_id: str | None, attempt: int, worker: str, token: str | None, done: list[tuple[str, int]],
+          fire_at: str | None = None):
     """One ``start_attempt``: start ``attempt`` of ``job_id`` (none if ``job_id`` is None) and
-    complete the ``done`` (job_id, attempt) pairs. The started attempt's row (by column name) or None."""
+    complete the ``done`` (job_id, attempt) pairs. ``fire_at``: the message's (ISO 8601 text, the
+    header's), which a recurring run's attempt must be scheduled at; None: not checked. The started
+    attempt's row (by column name) or None."""
     return db.run("start_attempt", {
-        "job_id": job_id, "attempt": attempt, "worker": worker, "token": token,
+        "job_id": job_id, "attempt": attempt, "worker": worker, "token": token, "fire_at": fire_at,
         "lease": float(conf.get("RUN_LEASE")),
         "done_job_ids": [d[0] for d in done], "done_attempts": [d[1] for d in done],
     }, fetch="one")
 
 
-def write_many(starts: list[tuple[str, int, str]], worker: str) -> list:
-    """One ``start_attempts``: start each ``(job_id, attempt, token)`` of a batch in one statement and
-    one synchronous commit. The rows of the attempts it started or recorded (each with its message's
+def write_many(starts: list[tuple], worker: str) -> list:
+    """One ``start_attempts``: start each ``(job_id, attempt, token)`` or ``(job_id, attempt, token,
+    fire_at)`` (as :func:`write`'s) of a batch in one statement and one synchronous commit. The rows of the attempts it started or recorded (each with its message's
     ``token``; ``outcome``: ``running``, ``cancelled``, ``skipped`` or ``early``); a message without a
     row is not to run (redelivered or superseded). Raises the database's errors."""
     return db.run("start_attempts", {
         "job_ids": [s[0] for s in starts], "attempts": [s[1] for s in starts], "tokens": [s[2] for s in starts],
-        "worker": worker, "lease": float(conf.get("RUN_LEASE")),
+        "fire_ats": [s[3] if len(s) > 3 else None for s in starts], "worker": worker, "lease": float(conf.get("RUN_LEASE")),
     })
 
 
@@ -155,7 +158,7 @@ class BatchCompleter:
         self.write_later(job_id, attempt)
         self.flush()
 
-    def start(self, job_id: str, attempt: int, worker: str, token: str | None = None):
+    def start(self, job_id: str, attempt: int, worker: str, token: str | None = None, fire_at: str | None = None):
         """Start ``attempt`` of ``job_id`` and write the completions handed over so far, in one
         statement; the attempt's row (``outcome``, ``scheduled_at``, ...) or None if it is not to run.
         The outcome is ``running``, or ``cancelled``/``skipped`` (recorded, not to run).
@@ -173,7 +176,8 @@ class BatchCompleter:
 
         ``token``: the run token of a start made earlier for this message (a batch started by the
         worker's main process): the attempt is confirmed still this message's, and its row read
-        again, or None is returned (reaped and fired again meanwhile).
+        again, or None is returned (reaped and fired again meanwhile). ``fire_at``: the message's, as
+        :func:`write`'s.
         """
         token = token or str(uuid4())
         began = time.monotonic()
@@ -181,7 +185,7 @@ class BatchCompleter:
         pause = 0.2
         while True:
             try:
-                row = self._write(job_id, attempt, worker, token)
+                row = self._write(job_id, attempt, worker, token, fire_at)
                 if self.down_until:
                     self.down_until.pop(conf.db_alias(), None)
                 return row
@@ -223,13 +227,13 @@ class BatchCompleter:
             raise failed
         return n
 
-    def _write(self, job_id: str | None, attempt: int, worker: str, token: str | None):
+    def _write(self, job_id: str | None, attempt: int, worker: str, token: str | None, fire_at: str | None = None):
         alias = conf.db_alias()
         with self.cond:
             batch = [d for d in self.done if d[2] == alias]
             self.done = [d for d in self.done if d[2] != alias] if len(batch) < len(self.done) else []
         try:
-            return write(job_id, attempt, worker, token, [(d[0], d[1]) for d in batch])
+            return write(job_id, attempt, worker, token, [(d[0], d[1]) for d in batch], fire_at)
         except BaseException:
             with self.cond:
                 self.done[:0] = batch

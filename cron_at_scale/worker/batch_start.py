@@ -320,8 +320,9 @@ class BatchStarter:
             return
         tokens = [str(uuid4()) for _ in batch]
         keys = [(str(r.request_dict[HEADER]["job_id"]), int(r.request_dict[HEADER]["attempt"])) for _, r in batch]
+        fire_ats = [r.request_dict[HEADER].get("fire_at") for _, r in batch]
         began = time.monotonic()
-        rows, failed = self._start(keys, tokens)
+        rows, failed = self._start(keys, tokens, fire_ats)
         until = began + min(FRESH, float(conf.get("RUN_LEASE")) - float(conf.get("HEARTBEAT_INTERVAL")))
         for (handle, request), (job_id, _), token in zip(batch, keys, tokens):
             if job_id not in failed:
@@ -335,7 +336,8 @@ class BatchStarter:
             except Exception:  # noqa: BLE001 (Celery's handler failing one request must not drop the rest)
                 log.exception("handing scheduled message %s to the pool failed", request.id)
 
-    def _start(self, keys: list[tuple[str, int]], tokens: list[str]) -> tuple[dict, set[str]]:
+    def _start(self, keys: list[tuple[str, int]], tokens: list[str],
+               fire_ats: list[str | None]) -> tuple[dict, set[str]]:
         by_alias = conf.by_job_alias(range(len(keys)), lambda i: keys[i][0])
         rows: dict[str, Any] = {}
         failed: set[str] = set()
@@ -343,7 +345,7 @@ class BatchStarter:
         for alias, idx in by_alias.items():
             with conf.using(alias):
                 try:
-                    for row in attempts.write_many([(*keys[i], tokens[i]) for i in idx], worker):
+                    for row in attempts.write_many([(*keys[i], tokens[i], fire_ats[i]) for i in idx], worker):
                         rows[str(row.token)] = row
                 except Exception as e:  # noqa: BLE001 (the pool processes start these themselves, as without batches)
                     log.warning("starting a batch of %d messages on database %r failed (%s); their pool processes "

@@ -309,7 +309,7 @@ def shift(job, seconds: float):
 
 
 def start(job_id, attempt: int):
-    return db.run("start_attempt", {"job_id": str(job_id), "attempt": attempt, "worker": "w", "token": None,
+    return db.run("start_attempt", {"job_id": str(job_id), "attempt": attempt, "worker": "w", "token": None, "fire_at": None,
                                     "lease": 60.0, "done_job_ids": [], "done_attempts": []}, fetch="one")
 
 

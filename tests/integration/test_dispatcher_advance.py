@@ -286,7 +286,7 @@ def profiles(rng: random.Random, t: datetime, now: datetime) -> list[Profile]:
 
 
 def start(job_id, attempt: int):
-    return run_query("start_attempt", {"job_id": str(job_id), "attempt": attempt, "worker": "w", "token": None,
+    return run_query("start_attempt", {"job_id": str(job_id), "attempt": attempt, "worker": "w", "token": None, "fire_at": None,
                                        "lease": 600.0, "done_job_ids": [], "done_attempts": []}, fetch="one")
 
 

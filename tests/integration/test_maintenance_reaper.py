@@ -253,7 +253,7 @@ def test_worker_statements_are_prepared_and_survive_a_session_reset():
 
     job = cron_at_scale.schedule(noop)
     Dispatcher(name="p").claim()
-    row = db.run("start_attempt", {"job_id": str(job.id), "attempt": 1, "worker": "w", "token": None, "lease": 60.0,
+    row = db.run("start_attempt", {"job_id": str(job.id), "attempt": 1, "worker": "w", "token": None, "fire_at": None, "lease": 60.0,
                                    "done_job_ids": [], "done_attempts": []}, fetch="one")
     assert row is not None
     assert sql("SELECT count(*) FROM pg_prepared_statements WHERE name = 'cas_start_attempt'")[0][0] == 1
@@ -336,7 +336,7 @@ def test_worker_statements_are_prepared_again_when_the_session_lost_them():
     job = cron_at_scale.schedule(noop)
     Dispatcher(name="p").claim()
     assert db.run("heartbeat", {"lease": 60.0, "job_ids": [], "attempts": []}) == []  # prepared: cas_heartbeat
-    assert db.run("start_attempt", {"job_id": str(job.id), "attempt": 1, "worker": "w", "token": None, "lease": 60.0,
+    assert db.run("start_attempt", {"job_id": str(job.id), "attempt": 1, "worker": "w", "token": None, "fire_at": None, "lease": 60.0,
                                     "done_job_ids": [], "done_attempts": []}, fetch="one")[0] == "running"
     sql("DEALLOCATE ALL")  # a pooler's DISCARD ALL, behind our back: our cache still says prepared
     assert db.run("finish_attempt", {"job_id": str(job.id), "attempt": 1, "outcome": "succeeded",

@@ -37,7 +37,7 @@ def expire(job_id, attempt):
 
 
 def start(job_id, attempt: int, token: str | None = None):
-    return db.run("start_attempt", {"job_id": str(job_id), "attempt": attempt, "worker": "w", "token": token,
+    return db.run("start_attempt", {"job_id": str(job_id), "attempt": attempt, "worker": "w", "token": token, "fire_at": None,
                                     "lease": 60.0, "done_job_ids": [], "done_attempts": []}, fetch="one")
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from datetime import timedelta
 from uuid import uuid4
 
 import pytest
@@ -13,9 +14,13 @@ from helpers import RecordingPublisher, sql, wait_until
 import cron_at_scale
 from cron_at_scale import sql as db
 from cron_at_scale import worker
+from cron_at_scale.broker.message import HEADER
 from cron_at_scale.dispatcher import Dispatcher
 from cron_at_scale.models import Job, JobAttempt
 from cron_at_scale.worker import attempts as completer
+from cron_at_scale.worker import batch_start
+from cron_at_scale.worker.middleware.base import Run, SkipJob
+from cron_at_scale.worker.middleware.start import IdempotentStart
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -172,11 +177,12 @@ def test_worker_statements_reach_rows_by_key_once_the_tables_have_grown(started,
     monkeypatch.setattr(db, "REPLAN_SECONDS", 0.0)  # the statements measured below are prepared now
     (done_id, done_attempt), nxt = runs[100], fresh[0]
     start_plan = _plan("start_attempt", {"job_id": str(nxt.job_id), "attempt": nxt.attempt, "worker": "w", "token": None,
-                                         "lease": 60.0, "done_job_ids": [done_id], "done_attempts": [done_attempt]})
+                                         "fire_at": nxt.fire_at, "lease": 60.0, "done_job_ids": [done_id], "done_attempts": [done_attempt]})
     beat_plan = _plan("heartbeat", {"lease": 60.0, "job_ids": [runs[101][0]], "attempts": [runs[101][1]]})
     batch_plan = _plan("start_attempts", {"job_ids": [str(r.job_id) for r in fresh[1:4]],
                                           "attempts": [r.attempt for r in fresh[1:4]],
-                                          "tokens": [str(uuid4()) for _ in range(3)], "worker": "w", "lease": 60.0})
+                                          "tokens": [str(uuid4()) for _ in range(3)],
+                                          "fire_ats": [r.fire_at for r in fresh[1:4]], "worker": "w", "lease": 60.0})
     for plan, per in ((start_plan, 1), (beat_plan, 1), (batch_plan, 3)):  # rows read: 2 per message at most
         scans = _scans(plan)
         assert scans, plan
@@ -185,3 +191,63 @@ def test_worker_statements_reach_rows_by_key_once_the_tables_have_grown(started,
                 assert index in LOOKUPS[table] and read <= 2 * per, "\n".join(plan)
     assert {(str(a.job_id), a.outcome) for a in JobAttempt.objects.filter(job_id__in=[done_id, nxt.job_id])} == {
         (done_id, "succeeded"), (str(nxt.job_id), "running")}
+
+
+def test_a_stale_message_of_a_lost_claim_never_runs_another_occurrence_under_its_number(monkeypatch):
+    """A claim commits asynchronously: PostgreSQL can lose it in a crash after its message went out.
+    The recurring job's attempt counter then hands the same number out again, here first to the
+    reaper's re-fire of an earlier occurrence. The lost claim's message must not start that run
+    (it would run occurrence W as X, and W's own message would be skipped), by any start path; the
+    re-fire's own message does. A one-off job's stale message still runs its job's attempt."""
+    monkeypatch.setattr("cron_at_scale.broker.dlq.announce", lambda *a: None)
+    d = Dispatcher(name="t", shards="all", lease=30, lookahead=0, publisher=RecordingPublisher())
+    job = cron_at_scale.schedule(noop, cron="* * * * * *", catchup="all", overlap="allow")
+    sql("UPDATE cron_at_scale_job SET fire_at = fire_at - interval '3 seconds', "
+        "occurrence_at = occurrence_at - interval '3 seconds' WHERE id = %s", [job.id])
+    runs = sorted((r for r in d.claim() if r.job_id == job.id), key=lambda r: r.attempt)
+    assert len(runs) >= 2, runs  # catch-up: the missed occurrences each fired
+    w, x = runs[0], runs[1]  # occurrence W (attempt 1) and X (attempt 2), both messages sent
+    # The claim of X is lost with its messages out: its attempt rows gone, the counter back.
+    sql("DELETE FROM cron_at_scale_jobattempt WHERE job_id = %s AND attempt >= %s", [job.id, x.attempt])
+    sql("UPDATE cron_at_scale_job SET attempts = %s, fire_at = %s, occurrence_at = %s WHERE id = %s",
+        [w.attempt, x.fire_at, x.occurrence or x.fire_at, job.id])
+    # W's run was lost too (its worker died before starting it): the reaper fires it again, and
+    # the counter gives the re-fire X's old number.
+    sql("UPDATE cron_at_scale_jobattempt SET locked_until = statement_timestamp() - interval '1 second' "
+        "WHERE job_id = %s AND attempt = %s", [job.id, w.attempt])
+    d.publisher.published.clear()
+    assert d.reap() == 1
+    (refire,) = d.publisher.published
+    assert (refire.attempt, refire.fire_at) == (x.attempt, w.fire_at)
+    stale = (str(job.id), x.attempt)
+    assert completer.write(*stale, "w", str(uuid4()), [], x.fire_at.isoformat()) is None
+    assert completer.write_many([(*stale, str(uuid4()), x.fire_at.isoformat())], "w") == []
+    # The same through what a worker runs: a pool process's start, and a batch's in the main process.
+    header = {"job_id": stale[0], "attempt": stale[1], "fire_at": x.fire_at.isoformat()}
+
+    class Task:
+        class request:
+            pass
+
+    with pytest.raises(SkipJob):
+        IdempotentStart(completer.BatchCompleter()).before_run(Run(Task, dict(header), "host:2"))
+
+    class Request:  # Celery's request as the strategy hands it over
+        id, worker_pid = str(uuid4()), None
+        request_dict = {HEADER: dict(header)}
+
+    starter = batch_start.BatchStarter()
+    starter.waiting.thread_host.stop()
+    starter.queue.append((lambda r: None, Request))
+    starter.flush()
+    assert batch_start.started_of(Request)["row"] is None  # found not to run
+    row = JobAttempt.objects.get(job_id=job.id, attempt=x.attempt)
+    assert (row.outcome, row.started_at) == ("dispatched", None)
+    started = completer.write(*stale, "w", str(uuid4()), [], refire.fire_at.isoformat())  # the re-fire's own message
+    assert started is not None and started.outcome == "running" and started.scheduled_at == w.fire_at
+    # A one-off job's message runs its job's attempt of that number, whatever fire time it carries.
+    once = cron_at_scale.schedule(noop)
+    (o,) = [r for r in d.claim() if r.job_id == once.id]
+    other = (o.fire_at - timedelta(seconds=7)).isoformat()
+    (row,) = completer.write_many([(str(once.id), o.attempt, str(uuid4()), other)], "w")
+    assert row.outcome == "running"

@@ -22,7 +22,7 @@ KILLED = WorkerLostError("Worker exited prematurely: signal 9 (SIGKILL) Job: 3."
 def started(job, pid: int) -> dict:
     """Claim ``job`` and start its attempt as pool process ``pid`` would; its message header."""
     (run,) = [r for r in Dispatcher(name="t", lookahead=0).claim() if r.job_id == job.id]
-    db.run("start_attempt", {"job_id": str(job.id), "attempt": run.attempt, "worker": f"{socket.gethostname()}:{pid}", "token": None,
+    db.run("start_attempt", {"job_id": str(job.id), "attempt": run.attempt, "worker": f"{socket.gethostname()}:{pid}", "token": None, "fire_at": None,
                              "lease": 60.0, "done_job_ids": [], "done_attempts": []}, fetch="one")
     return {"job_id": str(job.id), "attempt": run.attempt}
 
@@ -64,7 +64,7 @@ def test_only_an_attempt_still_running_in_that_process_is_touched():
 
     won = cron_at_scale.schedule(task, max_retries=0)
     meta = started(won, 4242)
-    db.run("start_attempt", {"job_id": None, "attempt": 0, "worker": "", "token": None, "lease": 60.0,  # its success, written first
+    db.run("start_attempt", {"job_id": None, "attempt": 0, "worker": "", "token": None, "fire_at": None, "lease": 60.0,  # its success, written first
                              "done_job_ids": [meta["job_id"]], "done_attempts": [meta["attempt"]]}, fetch="one")
     assert record(task, meta, 4242, KILLED) is None
     assert JobAttempt.objects.get(job_id=won.id).outcome == "succeeded"

@@ -389,7 +389,12 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
         t = w["fire_at"]
         while t <= end - lim["cron_tail"]:
             if round(t, 3) not in by_occ:
-                add("missed", job, t, f"cron occurrence {datetime.fromtimestamp(t).isoformat()} never ran")
+                runs = {a: {k: r.get(k) for k in ("outcome", "worker", "dispatched_at", "started_at", "finished_at",
+                                                  "error")}
+                        for (j, a), r in sorted(attempts.items())
+                        if j == job and r.get("scheduled_at") is not None and abs(r["scheduled_at"] - t) < 0.0005}
+                add("missed", job, t, f"cron occurrence {datetime.fromtimestamp(t).isoformat()} never ran; its "
+                    f"attempt rows: {runs or 'none'}")
             else:
                 lateness.append((t, *by_occ[round(t, 3)][:1], job, by_occ[round(t, 3)][1]))
             t += w.get("step", 1)

@@ -44,7 +44,7 @@ class IdempotentStart(Middleware):
                 raise LookupError("not started in a batch")
             row = batch_start.fresh_row(started)
         except LookupError:
-            row = self.completer.start(run.job_id, run.attempt, run.worker, token)
+            row = self.completer.start(run.job_id, run.attempt, run.worker, token, run.meta.get("fire_at"))
         waited = 0.0
         while row is not None and row.outcome == "early":
             if waited + row.early_by > conf.eta_lead(conf.values()) + EARLY_MARGIN:
@@ -54,7 +54,7 @@ class IdempotentStart(Middleware):
                 raise SkipJob()
             time.sleep(row.early_by)
             waited += row.early_by
-            row = self.completer.start(run.job_id, run.attempt, run.worker, token)
+            row = self.completer.start(run.job_id, run.attempt, run.worker, token, run.meta.get("fire_at"))
         if row is None:
             log.info("skipping job %s attempt %d: already started or superseded", run.job_id, run.attempt)
             raise SkipJob()
