@@ -173,13 +173,19 @@ MUTANTS: tuple[Mutant, ...] = (
                    "again",
            (Edit(WORKER_SQL, "           CASE WHEN r.outcome = 'dispatched' OR r.run_token = m.token THEN r.id ELSE (",
                  "           CASE WHEN true THEN r.id ELSE ("),
-            Edit(WORKER_SQL, "    WHERE r.outcome = 'dispatched' OR (r.outcome = 'lost' AND r.started_at IS NULL)\n"
-                             "          OR (r.outcome = 'running' AND r.run_token = m.token)\n",
+            Edit(WORKER_SQL, "    WHERE (r.outcome = 'dispatched' OR (r.outcome = 'lost' AND r.started_at IS NULL)\n"
+                             "           OR (r.outcome = 'running' AND r.run_token = m.token))\n",
                  "    WHERE true\n"),
             Edit(WORKER_SQL, "      AND (a.outcome = 'dispatched' OR (a.outcome = 'running' AND a.run_token = t.token))"
                              " AND j.id = a.job_id",
                  "      AND j.id = a.job_id")),
            (BATCH_TESTS + "test_one_statement_starts_a_batch_by_the_rules_of_a_single_start",)),
+    Mutant("T", 5, "a start (one message's or a batch's) ignores the occurrence its message names: a stale message "
+                   "of a claim lost in a crash runs another occurrence's re-fire under the reused number",
+           (Edit(WORKER_SQL, "           OR r.scheduled_at = %(fire_at)s::timestamptz)", "           OR true)"),
+            Edit(WORKER_SQL, "OR m.fire_at IS NULL OR r.scheduled_at = m.fire_at)", "OR true)")),
+           ("tests/integration/test_worker_attempts.py::"
+            "test_a_stale_message_of_a_lost_claim_never_runs_another_occurrence_under_its_number",)),
 )
 
 BY_ID = {m.id: m for m in MUTANTS}
