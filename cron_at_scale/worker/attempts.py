@@ -70,12 +70,15 @@ def write(job_id: str | None, attempt: int, worker: str, token: str | None, done
 
 def write_many(starts: list[tuple], worker: str) -> list:
     """One ``start_attempts``: start each ``(job_id, attempt, token)`` or ``(job_id, attempt, token,
-    fire_at)`` (as :func:`write`'s) of a batch in one statement and one synchronous commit. The rows of the attempts it started or recorded (each with its message's
-    ``token``; ``outcome``: ``running``, ``cancelled``, ``skipped`` or ``early``); a message without a
-    row is not to run (redelivered or superseded). Raises the database's errors."""
+    fire_at)`` (``fire_at`` as :func:`write`'s) of a batch in one statement and one synchronous
+    commit. The rows of the attempts it started or recorded (each with its message's ``token``;
+    ``outcome``: ``running``, ``cancelled``, ``skipped`` or ``early``); a message without a row is
+    not to run (redelivered, superseded, or a recurring run's number now another occurrence's).
+    Raises the database's errors."""
     return db.run("start_attempts", {
         "job_ids": [s[0] for s in starts], "attempts": [s[1] for s in starts], "tokens": [s[2] for s in starts],
-        "fire_ats": [s[3] if len(s) > 3 else None for s in starts], "worker": worker, "lease": float(conf.get("RUN_LEASE")),
+        "fire_ats": [s[3] if len(s) > 3 else None for s in starts],
+        "worker": worker, "lease": float(conf.get("RUN_LEASE")),
     })
 
 
