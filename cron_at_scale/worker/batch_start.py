@@ -134,11 +134,22 @@ class _WaitingRun:
     def state(self) -> str:
         """``accepted`` (a pool process took it: its own heartbeat has it), ``waiting``, or ``gone``
         (Celery let the request go and no pool process accepted it: revoked, shut down; an accepted
-        one left at once, :meth:`Waiting.accepted`)."""
+        one left at once, :meth:`Waiting.accepted`).
+
+        Gone too: a request no longer among Celery's reserved ones once its batch's start stopped
+        standing. A lost broker connection makes Celery drop every reserved request no pool process
+        accepted (its consumer's ``on_close`` and the pool's ``flush``: "they will be redelivered by
+        the broker"), while a reference may keep the object alive. Renewed as waiting, its attempt
+        would stay started forever and the redelivered message find it taken; handed back, that
+        message starts it. A pool process that still begins it confirms its start in the database."""
         request = self.request()
         if request is None:
             return "gone"
-        return "waiting" if request.worker_pid is None else "accepted"
+        if request.worker_pid is not None:
+            return "accepted"
+        if time.monotonic() >= self.stands_until and request not in worker_state.reserved_requests:
+            return "gone"
+        return "waiting"
 
 
 class Waiting:

@@ -313,19 +313,25 @@ def test_a_run_left_waiting_past_its_start_is_set_aside_so_the_worker_dying_cost
         def __init__(self, pid):
             self.worker_pid = pid
 
+    from celery.worker import state as worker_state
+
     waiting = batch_start.Waiting()
     waiting.thread_host.stop()
     keep = [Request(None), Request(None), Request(None)]
+    worker_state.reserved_requests.update(keep)  # reserved by Celery, not yet accepted by a pool process
     now = time.monotonic()
-    waiting.add(batch_start._WaitingRun(a[0], a[1], ta, keep[0], rows[a[0]].started_at, now - 2 * batch_start.FRESH))
-    waiting.add(batch_start._WaitingRun(b[0], b[1], tb, keep[1], rows[b[0]].started_at, now))  # still stands
-    # c waited as long, but its pool process began it meanwhile and started it again (its own mark)
-    waiting.add(batch_start._WaitingRun(c[0], c[1], tc, keep[2], rows[c[0]].started_at, now - 2 * batch_start.FRESH))
-    time.sleep(0.01)
-    again = attempts.write(c[0], c[1], "host:2", tc, [])
-    assert again is not None and again.outcome == "running" and again.started_at > rows[c[0]].started_at
-    assert waiting.set_aside() == 1
-    assert waiting.set_aside() == 0  # each once
+    try:
+        waiting.add(batch_start._WaitingRun(a[0], a[1], ta, keep[0], rows[a[0]].started_at, now - 2 * batch_start.FRESH))
+        waiting.add(batch_start._WaitingRun(b[0], b[1], tb, keep[1], rows[b[0]].started_at, now))  # still stands
+        # c waited as long, but its pool process began it meanwhile and started it again (its own mark)
+        waiting.add(batch_start._WaitingRun(c[0], c[1], tc, keep[2], rows[c[0]].started_at, now - 2 * batch_start.FRESH))
+        time.sleep(0.01)
+        again = attempts.write(c[0], c[1], "host:2", tc, [])
+        assert again is not None and again.outcome == "running" and again.started_at > rows[c[0]].started_at
+        assert waiting.set_aside() == 1
+        assert waiting.set_aside() == 0  # each once
+    finally:
+        worker_state.reserved_requests.difference_update(keep)
     assert attempt_of(a[0]).started_at is None and attempt_of(a[0]).outcome == "running"
     assert attempt_of(b[0]).started_at == rows[b[0]].started_at
     assert attempt_of(c[0]).started_at == again.started_at
@@ -375,3 +381,36 @@ def test_a_pool_process_forked_while_the_lease_thread_holds_its_lock_boots():
         t.join(5)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0, f"the forked process hung at boot ({status})"
+
+
+def test_a_waiting_run_celery_dropped_at_a_lost_broker_connection_is_handed_back_for_its_redelivery():
+    """On a lost broker connection Celery drops every reserved request no pool process accepted
+    (they will be redelivered), while a reference may keep the request object alive. Its run must
+    not stay started, its lease renewed for good, with the redelivered message finding it taken:
+    once its batch's start no longer stands it is handed back, and the redelivery starts it.
+    A request still reserved keeps waiting, its lease renewed."""
+    from celery.worker import state as worker_state
+
+    (a, b) = claimed(2)
+    ta, tb = token(), token()
+    by_token = {str(r.token): r for r in attempts.write_many([(*a, ta), (*b, tb)], "host:1")}
+
+    class Request:
+        worker_pid = None
+
+    dropped, reserved = Request(), Request()  # both alive (referenced here)
+    worker_state.reserved_requests.add(reserved)
+    waiting = batch_start.Waiting()
+    waiting.thread_host.stop()
+    past = time.monotonic() - 2 * batch_start.FRESH
+    try:
+        waiting.add(batch_start._WaitingRun(a[0], a[1], ta, dropped, by_token[ta].started_at, past))
+        waiting.add(batch_start._WaitingRun(b[0], b[1], tb, reserved, by_token[tb].started_at, past))
+        waiting.beat()
+    finally:
+        worker_state.reserved_requests.discard(reserved)
+    assert (attempt_of(a[0]).outcome, attempt_of(a[0]).started_at, attempt_of(a[0]).run_token) == ("dispatched", None, None)
+    assert attempt_of(b[0]).outcome == "running" and str(attempt_of(b[0]).run_token) == tb
+    assert list(waiting.heartbeat.running) == [tuple(b)]  # only the reserved one is still renewed
+    redelivered = attempts.write(a[0], a[1], "host:2", token(), [])
+    assert redelivered is not None and redelivered.outcome == "running"
