@@ -81,8 +81,8 @@ if DIR:
     _start = BatchCompleter.start
 
     @functools.wraps(_start)
-    def _timed_start(self, job_id, attempt, worker, token=None):  # the start statement (synchronous commit) returned
-        row = _start(self, job_id, attempt, worker, token)
+    def _timed_start(self, job_id, *args, **kwargs):  # the start statement (synchronous commit) returned
+        row = _start(self, job_id, *args, **kwargs)
         record("started", [job_id])
         return row
 
