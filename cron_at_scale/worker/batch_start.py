@@ -330,8 +330,9 @@ class BatchStarter:
         if not batch:
             return
         tokens = [str(uuid4()) for _ in batch]
-        keys = [(str(r.request_dict[HEADER]["job_id"]), int(r.request_dict[HEADER]["attempt"])) for _, r in batch]
-        fire_ats = [r.request_dict[HEADER].get("fire_at") for _, r in batch]
+        headers = [r.request_dict[HEADER] for _, r in batch]
+        keys = [(str(h["job_id"]), int(h["attempt"])) for h in headers]
+        fire_ats = [h.get("fire_at") for h in headers]
         began = time.monotonic()
         rows, failed = self._start(keys, tokens, fire_ats)
         until = began + min(FRESH, float(conf.get("RUN_LEASE")) - float(conf.get("HEARTBEAT_INTERVAL")))

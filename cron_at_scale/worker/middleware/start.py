@@ -39,12 +39,13 @@ class IdempotentStart(Middleware):
         run.job_id, run.attempt = str(run.meta["job_id"]), int(run.meta["attempt"])
         started = batch_start.started_of(run.task.request)
         token = started["token"] if started is not None else None
+        fire_at = run.meta.get("fire_at")  # a recurring run starts only for the occurrence it names
         try:
             if started is None:
                 raise LookupError("not started in a batch")
             row = batch_start.fresh_row(started)
         except LookupError:
-            row = self.completer.start(run.job_id, run.attempt, run.worker, token, run.meta.get("fire_at"))
+            row = self.completer.start(run.job_id, run.attempt, run.worker, token, fire_at)
         waited = 0.0
         while row is not None and row.outcome == "early":
             if waited + row.early_by > conf.eta_lead(conf.values()) + EARLY_MARGIN:
@@ -54,7 +55,7 @@ class IdempotentStart(Middleware):
                 raise SkipJob()
             time.sleep(row.early_by)
             waited += row.early_by
-            row = self.completer.start(run.job_id, run.attempt, run.worker, token, run.meta.get("fire_at"))
+            row = self.completer.start(run.job_id, run.attempt, run.worker, token, fire_at)
         if row is None:
             log.info("skipping job %s attempt %d: already started or superseded", run.job_id, run.attempt)
             raise SkipJob()
