@@ -37,6 +37,8 @@ TARGETS = ("redis", "classic", "quorum")
 # RabbitMQ queues besides the default "celery" (a classic queue): their name and x-arguments
 QUEUES = {"quorum": ("bench_quorum", {"x-queue-type": "quorum"}),
           "cqv2": ("bench_cqv2", {"x-queue-version": 2})}  # a classic queue's v2 index (RabbitMQ 3.10+)
+# targets that are the default classic queue with Celery's transient delivery (delivery_mode 1)
+TRANSIENT = ("transient",)
 
 
 def beam_pids() -> list[int]:
@@ -67,6 +69,8 @@ def child(args: argparse.Namespace) -> None:
         app = Celery("bench-firing-ab", set_as_current=False)
         app.config_from_object("django.conf:settings", namespace="CELERY")
         app.conf.broker_write_url = app.conf.broker_read_url = args.rabbitmq
+        if args.target in TRANSIENT:
+            app.conf.task_default_delivery_mode = "transient"
         if args.target in QUEUES:
             queue, arguments = QUEUES[args.target]
             app.conf.task_queues = (Queue(queue, queue_arguments=arguments),)
@@ -126,7 +130,8 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=20_000, help="jobs due at one instant per measurement")
     ap.add_argument("--batch-size", type=int, help="dispatcher batch size (default: the setting)")
-    ap.add_argument("--targets", default=",".join(TARGETS), help="comma-separated among redis,classic,quorum,cqv2 (a classic queue, x-queue-version 2)")
+    ap.add_argument("--targets", default=",".join(TARGETS), help="comma-separated among redis,classic,quorum,cqv2 (a classic queue, x-queue-version 2),"
+                    " transient (the classic queue, task_default_delivery_mode = 'transient')")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--target", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -157,6 +157,28 @@ def test_amqp_fast_path_messages_to_a_quorum_queue_equal_send_task_messages(rabb
     assert [m["headers"]["cron_at_scale"]["job_id"] for m in fast] == [str(c.job_id) for c in batch]
 
 
+@pytest.mark.parametrize("where", ["task_default_delivery_mode", "task_routes"])
+def test_amqp_fast_path_keeps_celerys_transient_delivery_mode(rabbit, transactional_db, where):
+    app = rabbit_app()
+    if where == "task_default_delivery_mode":
+        app.conf.task_default_delivery_mode = "transient"
+    else:
+        app.conf.task_routes = {"demo.tasks.record": {"queue": "reports", "delivery_mode": "transient"}}
+    queue = "celery" if where == "task_default_delivery_mode" else "reports"
+    cron_at_scale.schedule("demo.tasks.record", args=[1])
+    batch = Dispatcher(name="t", app=app).claim()
+    publisher = Publisher(app)
+    assert publisher.publish(batch) == 1
+    fast = get(app, queue)
+    publisher._send_tasks(batch)
+    slow = wait_for_message(app, queue)
+    publisher.close()
+    assert fast is not None and slow is not None
+    fast, slow = fields(fast), fields(slow)
+    assert fast == slow
+    assert fast["properties"]["delivery_mode"] == 1
+
+
 @pytest.fixture
 def rabbit_system(rabbit, transactional_db, tmp_path):
     """Worker processes whose broker is RabbitMQ (the test database), stopped at the end."""
