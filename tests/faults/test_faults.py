@@ -1008,6 +1008,43 @@ def test_the_success_of_a_worker_with_batched_starts_stalled_past_its_run_lease_
                              "worker stalled > RUN_LEASE mid-task, batched starts")
 
 
+# Promise 2's window: a success is durable with the process's next start or COMPLETION_DELAY (50 ms)
+# after its task returns. The kill comes twenty windows later: slack for a loaded box.
+KILL_AFTER_SUCCESS = 1.0
+
+
+@pytest.mark.parametrize("batch_starts", [False, "always"])
+def test_a_success_is_kept_when_its_idle_worker_is_killed_after_the_window(env, tmp_path, batch_starts):
+    """A success is never discarded, within its window: a worker that ran one job and then sat idle
+    (no next start to carry the completion) is killed -9 a second after the task returned. The
+    success is recorded; the job is not reaped and run again (a file ledger counts the runs)."""
+    settings = {**BASE, "BATCH_STARTS": batch_starts}
+    s = env.system(settings)
+    s.worker("wa", concurrency=1, extra=["--prefetch-multiplier", "1"])
+    s.dispatcher("d1")
+    s.wait_workers(["wa"])
+    t0 = time.monotonic()
+    ledger = tmp_path / "ledger.txt"
+    (job,) = schedule_once(env.db, [(0.5, "demo.tasks.ledger", {"path": str(ledger), "end": True})])
+    faultkit._wait(lambda: (job, 1) in _ledger_ends(ledger), 30, "the task to return")
+    time.sleep(KILL_AFTER_SUCCESS)
+    s.kill9("wa")
+    s.worker("wb", concurrency=1)
+    s.wait_workers(["wb"])
+    # A success lost with the worker leaves attempt 1 running: reaped after RUN_LEASE, fired again.
+    time.sleep(settings["RUN_LEASE"] + 2 * settings["REAPER_INTERVAL"] + 2.0)
+    wait_settled(env.db, 30)
+    attempts = env.db.q("SELECT attempt, outcome FROM cron_at_scale_jobattempt WHERE job_id = %s ORDER BY attempt",
+                        (job,))
+    runs = _ledger(ledger)
+    record(faultkit.Report(scenario=f"worker killed {KILL_AFTER_SUCCESS:g} s after a success"
+                                    f"{', batched starts' if batch_starts else ''}",
+                           jobs=1, executions=len(runs), lost_attempts=sum(1 for _, o in attempts if o == "lost"),
+                           seconds=time.monotonic() - t0, extra={"attempts": [o for _, o in attempts]}))
+    assert attempts == [(1, "succeeded")], f"the success before the kill was not kept: {attempts}\n{s.logs()}"
+    assert runs == [(job, 1)], f"the job ran again: {runs}"
+
+
 def _worker_stalled_mid_task(env, tmp_path, settings: dict, scenario: str):
     """A success is never discarded: a worker stopped (SIGSTOP of its process group, as a VM pause
     does) in the middle of a task for longer than RUN_LEASE is reaped, its job fired again; resumed,

@@ -186,6 +186,10 @@ MUTANTS: tuple[Mutant, ...] = (
             Edit(WORKER_SQL, "OR m.fire_at IS NULL OR r.scheduled_at = m.fire_at)", "OR true)")),
            ("tests/integration/test_worker_attempts.py::"
             "test_a_stale_message_of_a_lost_claim_never_runs_another_occurrence_under_its_number",)),
+    Mutant("U", 2, "a success waits 3 s for a next start before its completion is written (promise 2's window is 50 ms)",
+           (Edit("cron_at_scale/worker/attempts.py", "COMPLETION_DELAY = 0.05", "COMPLETION_DELAY = 3.0"),),
+           (FAULTS + "test_a_success_is_kept_when_its_idle_worker_is_killed_after_the_window",),
+           ("celery",)),
 )
 
 BY_ID = {m.id: m for m in MUTANTS}
