@@ -8,8 +8,9 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test bench lint clean
 
+# not echoed: with --json, stdout is the demo's alone (`make demo ARGS=--json | jq`)
 demo: $(VENV)/.installed
-	cd example_project && ../$(BIN)/python manage.py demo $(ARGS)
+	@cd example_project && ../$(BIN)/python manage.py demo $(ARGS)
 
 test: $(VENV)/.installed
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -353,6 +353,8 @@ def test_import_command_help_and_a_clear_error_without_django_celery_beat():
     assert helped.returncode == 0 and "--dry-run" in helped.stdout and "--disable-source" in helped.stdout
     failed = run()
     assert failed.returncode == 1 and "django-celery-beat is not installed" in failed.stderr
+    # the dev extra installs the package; only INSTALLED_APPS lacks it, and the message says so
+    assert "add 'django_celery_beat' to INSTALLED_APPS (the package itself is importable)" in failed.stderr
 
 
 # The beat drop-in says what it does not run as Celery beat would: ``expires`` mapped, custom schedule

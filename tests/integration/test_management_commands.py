@@ -70,6 +70,20 @@ def test_cron_cancel():
 
 
 @pytest.mark.django_db
+def test_cron_cancel_by_key():
+    a = cron_at_scale.schedule(noop, key="nightly-export")
+    b = cron_at_scale.schedule(noop, cron="0 3 * * *", key="a-cron")
+    c = cron_at_scale.schedule(noop)
+    out, _ = run("cron_cancel", "nightly-export", "a-cron")
+    assert out.count("cancelled") == 2
+    assert dict(Job.objects.values_list("id", "status")) == {a.id: "cancelled", b.id: "cancelled", c.id: "pending"}
+    # a key whose job is no longer live names nothing: the command stops before it cancels any
+    with pytest.raises(CommandError, match=r"JOB_ID: not a job id.*'nightly-export', nor the key of a live job"):
+        run("cron_cancel", str(c.id), "nightly-export")
+    assert Job.objects.get(id=c.id).status == "pending"
+
+
+@pytest.mark.django_db
 @pytest.mark.parametrize("command", ["cron_cancel", "cron_requeue"])
 def test_a_malformed_job_id_is_named_and_changes_nothing(command):
     a = cron_at_scale.schedule(noop)

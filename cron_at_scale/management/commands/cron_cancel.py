@@ -1,6 +1,8 @@
-"""``manage.py cron_cancel``: cancel jobs by id."""
+"""``manage.py cron_cancel``: cancel jobs by id or key."""
 
 from __future__ import annotations
+
+import argparse
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
@@ -8,19 +10,48 @@ from django.db import DatabaseError
 import cron_at_scale
 from cron_at_scale import ValidationError, conf
 from cron_at_scale.management.commands._cliutil import flag_error, job_id
-from cron_at_scale.models import Job
+from cron_at_scale.models import LIVE_STATUSES, Job
+
+
+def _job_ids(refs: list[str]) -> list[str]:
+    """The job id each ref names, in order: a job's id, else the key of a live job, else (a well-formed
+    id that no job has) the id itself, reported as no such job. Raises ``CommandError`` naming every
+    ref that is neither an id nor a live job's key, before anything is cancelled."""
+    out, unknown = [], []
+    for ref in refs:
+        malformed = ""
+        try:
+            uid: str | None = job_id(ref)
+        except argparse.ArgumentTypeError as e:
+            uid, malformed = None, str(e)
+        if uid is not None and Job.objects.using(conf.alias_of_job(uid)).filter(id=uid).exists():
+            out.append(uid)
+            continue
+        by_key = Job.objects.using(conf.alias_of_key(ref)).filter(key=ref, status__in=LIVE_STATUSES)
+        found = by_key.values_list("id", flat=True).first()
+        if found is not None:
+            out.append(str(found))
+        elif uid is not None:
+            out.append(uid)
+        else:
+            unknown.append(f"{malformed}, nor the key of a live job")
+    if unknown:
+        raise CommandError("argument JOB_ID: " + "; ".join(unknown) + " (nothing cancelled)")
+    return out
 
 
 class Command(BaseCommand):
     help = (
-        "Cancel jobs by id. A pending job will not fire; a claimed one is skipped by the worker; a running "
-        "one is told (current_job().cancel_requested) at its next heartbeat. A recurring job stops for good "
-        "(cron_pause holds it instead). Exits 1 if any id was not a cancellable job."
+        "Cancel jobs by id or key (a key names its live job). A pending job will not fire; a claimed one "
+        "is skipped by the worker; a running one is told (current_job().cancel_requested) at its next heartbeat. A recurring job stops for good "
+        "(cron_pause holds it instead). A JOB that is neither a job id nor a job's key stops the command "
+        "before it cancels any. Exits 1 if any job was not cancellable (no job has that id, already finished)."
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("job_ids", nargs="+", metavar="JOB_ID", type=job_id,
-                            help="job UUIDs (a malformed one stops the command before it cancels any)")
+        parser.add_argument("job_ids", nargs="+", metavar="JOB_ID",
+                            help="job ids (UUIDs) or idempotency keys (one that is neither stops the command "
+                                 "before it cancels any)")
 
     def handle(self, *args, **opts):
         try:
@@ -30,7 +61,7 @@ class Command(BaseCommand):
 
     def _cancel(self, opts):
         failed = []
-        for jid in opts["job_ids"]:
+        for jid in _job_ids(opts["job_ids"]):
             try:
                 done = cron_at_scale.cancel(jid)
             except ValidationError as e:

@@ -34,6 +34,7 @@ Mapping (decisions, with the reason):
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from datetime import timedelta
 from typing import Any
@@ -179,6 +180,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, **opts):
         if not apps.is_installed("django_celery_beat"):
+            if importlib.util.find_spec("django_celery_beat") is not None:
+                raise CommandError("django-celery-beat is not installed as a Django app: add 'django_celery_beat' "
+                                   "to INSTALLED_APPS (the package itself is importable)")
             raise CommandError("django-celery-beat is not installed: pip install django-celery-beat and add "
                                "'django_celery_beat' to INSTALLED_APPS")
         try:
