@@ -86,6 +86,8 @@ CELERY_DB_REUSE_MAX = 1000
 # The broker's transport options as JSON: kombu's filesystem:// folders, SQS's region (the tests
 # of other transports set it; Redis and RabbitMQ need none).
 CELERY_BROKER_TRANSPORT_OPTIONS = json.loads(os.environ.get("CELERY_BROKER_TRANSPORT_OPTIONS") or "{}")
+# "transient" (the fault suite's RabbitMQ scenario): the broker keeps no copy on disk
+CELERY_TASK_DEFAULT_DELIVERY_MODE = os.environ.get("CELERY_TASK_DEFAULT_DELIVERY_MODE") or "persistent"
 
 # Django's Tasks framework (Django 6, or the django-tasks backport): @task functions run as jobs.
 TASKS = {"default": {"BACKEND": "cron_at_scale.django_tasks.CronAtScaleBackend"}}

@@ -303,6 +303,59 @@ def test_redis_killed_and_restarted_during_burst(env):
         f"a worker neither consumed after the restart nor was seen stuck: {health}\n{s.logs()}")
 
 
+@pytest.mark.timeout(420)
+def test_rabbitmq_with_transient_messages_killed_and_restarted_during_burst(env):
+    """Celery's ``task_default_delivery_mode = "transient"`` on RabbitMQ: a node killed -9 while
+    messages wait in its queue comes back without them (its durable queue, empty). Each lost
+    message is fired again after its dispatch lease; every job runs, none twice."""
+    try:
+        rabbit = faultkit.PrivateRabbit()
+    except faultkit.Unavailable as e:
+        pytest.skip(str(e))
+    try:
+        rabbit.start()
+    except TimeoutError:
+        out = (rabbit.dir / "server.out").read_text(errors="replace")[-2000:]
+        rabbit.stop()
+        raise AssertionError(f"the private RabbitMQ node did not start:\n{out}") from None
+    s = faultkit.System(env.db_url, rabbit.url(), env.log_dir, REDIS_RESTART)
+    transient = {"CELERY_TASK_DEFAULT_DELIVERY_MODE": "transient"}
+    try:
+        s.worker("wa", **transient)
+        s.worker("wb", **transient)
+        s.dispatcher("d1", **transient)
+        s.wait_workers(["wa", "wb"], timeout=90)
+        t0 = time.monotonic()
+        schedule_once(env.db, burst(1500, 10) + burst(1000, 0.0, start=4.0))
+        sleep_until(t0, 4.0)
+        deadline, queued = time.monotonic() + 5.0, 0
+        while queued < 50 and time.monotonic() < deadline:  # kill it while the pulse waits in the queue
+            queued = rabbit.depth("celery")
+            time.sleep(0.01)
+        rabbit.kill9()
+        time.sleep(1.5)
+        rabbit.start()
+        exits: list[str] = []
+        deadline = time.monotonic() + 150
+        while time.monotonic() < deadline:  # a supervisor restarts a worker that exited
+            for name in ("wa", "wb"):
+                if not s.alive(name):
+                    exits.append(f"{name}:{s.procs[name].returncode}")
+                    s.procs[f"{name}-dead{len(exits)}"] = s.procs.pop(name)
+                    s.worker(name, **transient)
+            if env.db.one("""SELECT count(*) FROM fault_expected e JOIN cron_at_scale_job j ON j.id = e.job_id
+                             WHERE j.status IN ('pending', 'in_progress')""") == 0:
+                break
+            time.sleep(0.2)
+        r = finish(env, s, "3r rabbitmq (transient messages) kill -9 + restart", t0, max_lateness=90,
+                   extra={"queued_at_kill": queued, "worker_exits": len(exits)})
+        assert s.alive("d1"), f"the dispatcher died with RabbitMQ\n{s.log('d1')}"
+        assert queued > 0 and r.lost_attempts > 0, "RabbitMQ held no message when killed: the scenario tested nothing"
+    finally:
+        s.stop_all()
+        rabbit.stop()
+
+
 # ---------------------------------------------------------------------------
 # A backlog longer than the dispatch lease (found while writing scenario 3)
 # ---------------------------------------------------------------------------
