@@ -399,6 +399,77 @@ class PrivateRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
 
+class PrivateRabbit:
+    """A private RabbitMQ node: its own port, node name and data directory, no plugins. Its durable
+    queues survive a kill -9 and a start on the same directory; transient messages do not."""
+
+    def __init__(self):
+        self.exe = shutil.which("rabbitmq-server") or ""
+        if not self.exe:
+            raise Unavailable("no rabbitmq-server binary (apt-get install rabbitmq-server)")
+        self.port, self.dist_port = free_port(), free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="caf-rabbit-", dir="/tmp"))
+        (self.dir / "rabbitmq.conf").write_text(f"listeners.tcp.1 = 127.0.0.1:{self.port}\n")
+        (self.dir / "enabled_plugins").write_text("[].\n")
+        for sub in ("mnesia", "log"):
+            (self.dir / sub).mkdir()
+        with contextlib.suppress(KeyError):  # run as root, the server script runs the node as this user
+            user = pwd.getpwnam("rabbitmq")
+            for path in (self.dir, *self.dir.rglob("*")):
+                os.chown(path, user.pw_uid, user.pw_gid)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> PrivateRabbit:
+        d = self.dir
+        env = {**os.environ, "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"), "RABBITMQ_NODENAME": f"caf{self.port}@localhost",
+               "RABBITMQ_NODE_PORT": str(self.port), "RABBITMQ_DIST_PORT": str(self.dist_port),
+               "RABBITMQ_MNESIA_BASE": str(d / "mnesia"), "RABBITMQ_LOG_BASE": str(d / "log"),
+               "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"), "RABBITMQ_PID_FILE": str(d / "pid")}
+        with open(d / "server.out", "ab") as out:
+            self.proc = subprocess.Popen([self.exe], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        _wait(self.ping, 120, "the private RabbitMQ node to answer", interval=0.25)
+        return self
+
+    def ping(self) -> bool:
+        from kombu import Connection  # noqa: PLC0415
+
+        try:
+            with Connection(self.url(), connect_timeout=1) as conn:
+                conn.connect()
+            return True
+        except Exception:  # noqa: BLE001
+            return False
+
+    def depth(self, queue: str) -> int:
+        """Messages ready in ``queue`` (0 if it does not exist yet)."""
+        from kombu import Connection  # noqa: PLC0415
+
+        with Connection(self.url(), connect_timeout=2) as conn:
+            try:
+                return conn.default_channel.queue_declare(queue, passive=True).message_count
+            except Exception:  # noqa: BLE001 (NOT_FOUND)
+                return 0
+
+    def kill9(self) -> None:
+        """SIGKILL the node's Erlang VM (its helpers exit with it), as a power cut would."""
+        pid_file = self.dir / "pid"
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
+        if self.proc:
+            self.proc.wait(30)
+        _wait(lambda: not self.ping(), 30, "the private RabbitMQ node to go")
+        pid_file.unlink(missing_ok=True)
+
+    def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            self.kill9()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+
 # ---------------------------------------------------------------------------
 # Scenario database: created from a migrated template, plus fault_expected
 # ---------------------------------------------------------------------------
@@ -477,77 +548,6 @@ def burst(n: int, window: float, task: str = "demo.tasks.record", start: float =
 
 # ---------------------------------------------------------------------------
 # Processes
-class PrivateRabbit:
-    """A private RabbitMQ node: its own port, node name and data directory, no plugins. Its durable
-    queues survive a kill -9 and a start on the same directory; transient messages do not."""
-
-    def __init__(self):
-        self.exe = shutil.which("rabbitmq-server") or ""
-        if not self.exe:
-            raise Unavailable("no rabbitmq-server binary (apt-get install rabbitmq-server)")
-        self.port, self.dist_port = free_port(), free_port()
-        self.dir = Path(tempfile.mkdtemp(prefix="caf-rabbit-", dir="/tmp"))
-        (self.dir / "rabbitmq.conf").write_text(f"listeners.tcp.1 = 127.0.0.1:{self.port}\n")
-        (self.dir / "enabled_plugins").write_text("[].\n")
-        for sub in ("mnesia", "log"):
-            (self.dir / sub).mkdir()
-        with contextlib.suppress(KeyError):  # run as root, the server script runs the node as this user
-            user = pwd.getpwnam("rabbitmq")
-            for path in (self.dir, *self.dir.rglob("*")):
-                os.chown(path, user.pw_uid, user.pw_gid)
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> PrivateRabbit:
-        d = self.dir
-        env = {**os.environ, "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"), "RABBITMQ_NODENAME": f"caf{self.port}@localhost",
-               "RABBITMQ_NODE_PORT": str(self.port), "RABBITMQ_DIST_PORT": str(self.dist_port),
-               "RABBITMQ_MNESIA_BASE": str(d / "mnesia"), "RABBITMQ_LOG_BASE": str(d / "log"),
-               "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"), "RABBITMQ_PID_FILE": str(d / "pid")}
-        with open(d / "server.out", "ab") as out:
-            self.proc = subprocess.Popen([self.exe], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        _wait(self.ping, 120, "the private RabbitMQ node to answer", interval=0.25)
-        return self
-
-    def ping(self) -> bool:
-        from kombu import Connection  # noqa: PLC0415
-
-        try:
-            with Connection(self.url(), connect_timeout=1) as conn:
-                conn.connect()
-            return True
-        except Exception:  # noqa: BLE001
-            return False
-
-    def depth(self, queue: str) -> int:
-        """Messages ready in ``queue`` (0 if it does not exist yet)."""
-        from kombu import Connection  # noqa: PLC0415
-
-        with Connection(self.url(), connect_timeout=2) as conn:
-            try:
-                return conn.default_channel.queue_declare(queue, passive=True).message_count
-            except Exception:  # noqa: BLE001 (NOT_FOUND)
-                return 0
-
-    def kill9(self) -> None:
-        """SIGKILL the node's Erlang VM (its helpers exit with it), as a power cut would."""
-        pid_file = self.dir / "pid"
-        if pid_file.exists():
-            with contextlib.suppress(ProcessLookupError, ValueError):
-                os.kill(int(pid_file.read_text().split()[0]), signal.SIGKILL)
-        if self.proc:
-            self.proc.wait(30)
-        _wait(lambda: not self.ping(), 30, "the private RabbitMQ node to go")
-        pid_file.unlink(missing_ok=True)
-
-    def stop(self) -> None:
-        with contextlib.suppress(Exception):
-            self.kill9()
-        shutil.rmtree(self.dir, ignore_errors=True)
-
-    def url(self) -> str:
-        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
-
-
 # ---------------------------------------------------------------------------
 
 

@@ -43,9 +43,10 @@ def _job_ids(refs: list[str]) -> list[str]:
 class Command(BaseCommand):
     help = (
         "Cancel jobs by id or key (a key names its live job). A pending job will not fire; a claimed one "
-        "is skipped by the worker; a running one is told (current_job().cancel_requested) at its next heartbeat. A recurring job stops for good "
-        "(cron_pause holds it instead). A JOB that is neither a job id nor a job's key stops the command "
-        "before it cancels any. Exits 1 if any job was not cancellable (no job has that id, already finished)."
+        "is skipped by the worker; a running one is told (current_job().cancel_requested) at its next "
+        "heartbeat. A recurring job stops for good (cron_pause holds it instead). A JOB that is neither a "
+        "job id nor a live job's key stops the command before it cancels any. Exits 1 if any job was not "
+        "cancellable (no job has that id, already finished)."
     )
 
     def add_arguments(self, parser):
