@@ -1061,6 +1061,20 @@ def test_the_success_of_a_worker_with_batched_starts_stalled_past_its_run_lease_
                              "worker stalled > RUN_LEASE mid-task, batched starts")
 
 
+def _one_ledger_job(env, tmp_path, settings: dict, seconds: float = 0.0):
+    """One worker of one pool process (prefetch 1) and a dispatcher; one ``ledger`` job due in 0.5 s
+    that sleeps ``seconds`` and writes its end line. Returns (system, t0, ledger path, job id)."""
+    s = env.system(settings)
+    s.worker("wa", concurrency=1, extra=["--prefetch-multiplier", "1"])
+    s.dispatcher("d1")
+    s.wait_workers(["wa"])
+    t0 = time.monotonic()
+    ledger = tmp_path / "ledger.txt"
+    kw = {"path": str(ledger), "end": True, **({"seconds": seconds} if seconds else {})}
+    (job,) = schedule_once(env.db, [(0.5, "demo.tasks.ledger", kw)])
+    return s, t0, ledger, job
+
+
 # Promise 2's window: a success is durable with the process's next start or COMPLETION_DELAY (50 ms)
 # after its task returns. The kill comes twenty windows later: slack for a loaded box.
 KILL_AFTER_SUCCESS = 1.0
@@ -1072,13 +1086,7 @@ def test_a_success_is_kept_when_its_idle_worker_is_killed_after_the_window(env, 
     (no next start to carry the completion) is killed -9 a second after the task returned. The
     success is recorded; the job is not reaped and run again (a file ledger counts the runs)."""
     settings = {**BASE, "BATCH_STARTS": batch_starts}
-    s = env.system(settings)
-    s.worker("wa", concurrency=1, extra=["--prefetch-multiplier", "1"])
-    s.dispatcher("d1")
-    s.wait_workers(["wa"])
-    t0 = time.monotonic()
-    ledger = tmp_path / "ledger.txt"
-    (job,) = schedule_once(env.db, [(0.5, "demo.tasks.ledger", {"path": str(ledger), "end": True})])
+    s, t0, ledger, job = _one_ledger_job(env, tmp_path, settings)
     faultkit._wait(lambda: (job, 1) in _ledger_ends(ledger), 30, "the task to return")
     time.sleep(KILL_AFTER_SUCCESS)
     s.kill9("wa")
@@ -1103,13 +1111,7 @@ def _worker_stalled_mid_task(env, tmp_path, settings: dict, scenario: str):
     does) in the middle of a task for longer than RUN_LEASE is reaped, its job fired again; resumed,
     its run returns, and that success is recorded on its attempt and completes the job. The runs
     are counted in a file ledger; no (job, attempt) runs twice."""
-    s = env.system(settings)
-    s.worker("wa", concurrency=1, extra=["--prefetch-multiplier", "1"])
-    s.dispatcher("d1")
-    s.wait_workers(["wa"])
-    t0 = time.monotonic()
-    ledger = tmp_path / "ledger.txt"
-    (job,) = schedule_once(env.db, [(0.5, "demo.tasks.ledger", {"path": str(ledger), "seconds": 3, "end": True})])
+    s, t0, ledger, job = _one_ledger_job(env, tmp_path, settings, seconds=3)
     faultkit._wait(lambda: (job, 1) in _ledger(ledger), 30, "the task to start")
     time.sleep(0.5)  # mid-task, a heartbeat or so in
     pgid = s.procs["wa"].pid
