@@ -1,5 +1,5 @@
 """Argument parsers shared by the cron_* commands: each turns bad input into a clear message;
-and the lookup of the jobs a command names by id or key (:func:`named_jobs`)."""
+and the lookup of the jobs a command names by id or key (:func:`resolve_job`, :func:`named_jobs`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,12 @@ import re
 import uuid
 from collections.abc import Mapping
 from datetime import datetime
+from typing import TYPE_CHECKING
 
 from django.core.management.base import CommandError
+
+if TYPE_CHECKING:  # the models load with Django's apps, after this module
+    from cron_at_scale.models import Job
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 MAX_DURATION = 100 * 365 * 86400  # seconds: a century; far longer ones overflow PostgreSQL's timestamps
@@ -85,27 +89,35 @@ def job_id(text: str) -> str:
 job_id.__name__ = "job id"
 
 
-def named_jobs(refs: list[str], *, what: str = "JOB") -> list:
-    """The jobs named by ``refs`` (each a job id, any UUID spelling, or an idempotency key), in order,
-    without duplicates. A key names its live job (keys are unique among live jobs), else its latest
-    finished one. Raises ``CommandError`` naming every ref that names no job (a malformed id among
-    them, with :func:`job_id`'s message) before the caller changes anything."""
+def resolve_job(ref: str, *, live_key: bool = False) -> tuple[Job | None, str | None, str]:
+    """What ``ref`` (a job id, any UUID spelling, or an idempotency key) names: ``(job, uid, malformed)``,
+    the job or None, the canonical id if ``ref`` reads as one (else None), and :func:`job_id`'s message
+    if it does not (else ""). A key names its live job (keys are unique among live jobs), else, unless
+    ``live_key``, its latest finished one."""
     from cron_at_scale import conf
     from cron_at_scale.models import LIVE_STATUSES, Job
 
+    job, uid, malformed = None, None, ""
+    try:
+        uid = job_id(ref)
+        job = Job.objects.using(conf.alias_of_job(uid)).filter(id=uid).first()
+    except argparse.ArgumentTypeError as e:
+        malformed = str(e)
+    if job is None:  # a key (also one that reads as a UUID)
+        by_key = Job.objects.using(conf.alias_of_key(ref)).filter(key=ref)  # SHARD_DATABASES: the key's
+        job = by_key.filter(status__in=LIVE_STATUSES).first()
+        if job is None and not live_key:
+            job = by_key.order_by("-fire_at", "-id").first()
+    return job, uid, malformed
+
+
+def named_jobs(refs: list[str], *, what: str = "JOB") -> list:
+    """The jobs named by ``refs`` (each as :func:`resolve_job` reads it), in order, without duplicates.
+    Raises ``CommandError`` naming every ref that names no job (a malformed id among them, with
+    :func:`job_id`'s message) before the caller changes anything."""
     jobs, unknown, seen = [], [], set()
     for ref in refs:
-        job = None
-        try:
-            uid = job_id(ref)
-            job = Job.objects.using(conf.alias_of_job(uid)).filter(id=uid).first()
-        except argparse.ArgumentTypeError as e:
-            malformed = str(e)
-        else:
-            malformed = ""
-        if job is None:  # a key (also one that reads as a UUID)
-            by_key = Job.objects.using(conf.alias_of_key(ref)).filter(key=ref)  # SHARD_DATABASES: the key's
-            job = by_key.filter(status__in=LIVE_STATUSES).first() or by_key.order_by("-fire_at", "-id").first()
+        job, _, malformed = resolve_job(ref)
         if job is None:
             unknown.append(f"{malformed}, nor the key of a job" if malformed
                            else f"{ref[:80]!r}: no job has this id or key")

@@ -2,35 +2,24 @@
 
 from __future__ import annotations
 
-import argparse
-
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 import cron_at_scale
 from cron_at_scale import ValidationError, conf
-from cron_at_scale.management.commands._cliutil import flag_error, job_id
-from cron_at_scale.models import LIVE_STATUSES, Job
+from cron_at_scale.management.commands._cliutil import flag_error, resolve_job
+from cron_at_scale.models import Job
 
 
 def _job_ids(refs: list[str]) -> list[str]:
-    """The job id each ref names, in order: a job's id, else the key of a live job, else (a well-formed
-    id that no job has) the id itself, reported as no such job. Raises ``CommandError`` naming every
-    ref that is neither an id nor a live job's key, before anything is cancelled."""
+    """The job id each ref names (:func:`resolve_job`, a key its live job), in order; a well-formed id
+    that no job has is kept, for the cancel to report as no such job. Raises ``CommandError`` naming
+    every ref that is neither an id nor a live job's key, before anything is cancelled."""
     out, unknown = [], []
     for ref in refs:
-        malformed = ""
-        try:
-            uid: str | None = job_id(ref)
-        except argparse.ArgumentTypeError as e:
-            uid, malformed = None, str(e)
-        if uid is not None and Job.objects.using(conf.alias_of_job(uid)).filter(id=uid).exists():
-            out.append(uid)
-            continue
-        by_key = Job.objects.using(conf.alias_of_key(ref)).filter(key=ref, status__in=LIVE_STATUSES)
-        found = by_key.values_list("id", flat=True).first()
-        if found is not None:
-            out.append(str(found))
+        job, uid, malformed = resolve_job(ref, live_key=True)
+        if job is not None:
+            out.append(str(job.id))
         elif uid is not None:
             out.append(uid)
         else:
