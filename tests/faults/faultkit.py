@@ -782,14 +782,18 @@ def _copy_rows(src: DB, dst: DB, table: str, skip: tuple[str, ...]) -> None:
 # ---------------------------------------------------------------------------
 
 
+def unsettled(db: DB | Spread) -> int:
+    """Expected one-off jobs still pending or in progress."""
+    return db.one("""SELECT count(*) FROM fault_expected e JOIN cron_at_scale_job j ON j.id = e.job_id
+                     WHERE j.status IN ('pending', 'in_progress')""")
+
+
 def wait_settled(db: DB | Spread, timeout: float, system: System | None = None) -> float:
     """Wait until every expected one-off job left pending/in_progress; return the seconds waited."""
     t0 = time.monotonic()
     deadline = t0 + timeout
     while time.monotonic() < deadline:
-        left = db.one("""SELECT count(*) FROM fault_expected e JOIN cron_at_scale_job j ON j.id = e.job_id
-                         WHERE j.status IN ('pending', 'in_progress')""")
-        if left == 0:
+        if unsettled(db) == 0:
             return time.monotonic() - t0
         time.sleep(0.25)
     return time.monotonic() - t0

@@ -208,6 +208,26 @@ def test_selftest_checker_sees_a_double_execution_and_an_early_one(env):
 REDIS_RESTART = {**BASE, "WORKER_HEARTBEAT_INTERVAL": 1.0, "WORKER_STUCK_AFTER": 5.0}
 
 
+def queued_at_kill(depth, at_least: int = 50, within: float = 5.0) -> int:
+    """Wait up to ``within`` seconds for ``depth()`` (messages ready in the broker's queue) to reach
+    ``at_least``, so that the kill that follows catches the pulse waiting there; the last depth read."""
+    deadline, queued = time.monotonic() + within, 0
+    while queued < at_least and time.monotonic() < deadline:
+        queued = depth()
+        time.sleep(0.005)
+    return queued
+
+
+def restart_exited(s, names, exits: list[str], **worker_kw) -> None:
+    """A supervisor's job (systemd, Kubernetes): start again each of ``names`` that exited, whether
+    kombu's reconnection killed it or its watchdog made it exit; each exit is added to ``exits``."""
+    for name in names:
+        if not s.alive(name):
+            exits.append(f"{name}:{s.procs[name].returncode}")
+            s.procs[f"{name}-dead{len(exits)}"] = s.procs.pop(name)
+            s.worker(name, **worker_kw)
+
+
 def test_redis_killed_and_restarted_during_burst(env):
     s = env.system(REDIS_RESTART)
     s.worker("wa")
@@ -218,31 +238,21 @@ def test_redis_killed_and_restarted_during_burst(env):
     # A steady stream, plus a pulse of 300 due at t=4 so that the queue holds messages when Redis dies.
     schedule_once(env.db, burst(1500, 10) + burst(1000, 0.0, start=4.0))
     sleep_until(t0, 4.0)
-    deadline, queued = time.monotonic() + 5.0, 0
-    while queued < 50 and time.monotonic() < deadline:  # kill it while the pulse waits in the queue
-        queued = env.redis.client().llen("celery")
-        time.sleep(0.005)
+    queued = queued_at_kill(lambda: env.redis.client().llen("celery"))
     env.redis.kill9()
     time.sleep(1.5)
     env.redis.start()  # same port, empty
     restarted_at = env.db.one("SELECT statement_timestamp()")
-    # A supervisor's job (systemd, Kubernetes): restart a Celery worker that exited, whether kombu's
-    # reconnection killed it or its watchdog made it exit, until every job settled.
     worker_exits: list[str] = []
 
     def supervise() -> None:
-        for name in ("wa", "wb"):
-            if not s.alive(name):
-                worker_exits.append(f"{name}:{s.procs[name].returncode}")
-                s.procs[f"{name}-dead{len(worker_exits)}"] = s.procs.pop(name)
-                s.worker(name)
+        restart_exited(s, ("wa", "wb"), worker_exits)
 
-    def settle(seconds: float) -> None:
+    def settle(seconds: float) -> None:  # restarting exited workers until every job settled
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             supervise()
-            if env.db.one("""SELECT count(*) FROM fault_expected e JOIN cron_at_scale_job j ON j.id = e.job_id
-                             WHERE j.status IN ('pending', 'in_progress')""") == 0:
+            if faultkit.unsettled(env.db) == 0:
                 return
             time.sleep(0.2)
 
@@ -328,24 +338,14 @@ def test_rabbitmq_with_transient_messages_killed_and_restarted_during_burst(env)
         t0 = time.monotonic()
         schedule_once(env.db, burst(1500, 10) + burst(1000, 0.0, start=4.0))
         sleep_until(t0, 4.0)
-        deadline, queued = time.monotonic() + 5.0, 0
-        while queued < 50 and time.monotonic() < deadline:  # kill it while the pulse waits in the queue
-            queued = rabbit.depth("celery")
-            time.sleep(0.01)
+        queued = queued_at_kill(lambda: rabbit.depth("celery"))
         rabbit.kill9()
         time.sleep(1.5)
         rabbit.start()
         exits: list[str] = []
         deadline = time.monotonic() + 150
-        while time.monotonic() < deadline:  # a supervisor restarts a worker that exited
-            for name in ("wa", "wb"):
-                if not s.alive(name):
-                    exits.append(f"{name}:{s.procs[name].returncode}")
-                    s.procs[f"{name}-dead{len(exits)}"] = s.procs.pop(name)
-                    s.worker(name, **transient)
-            if env.db.one("""SELECT count(*) FROM fault_expected e JOIN cron_at_scale_job j ON j.id = e.job_id
-                             WHERE j.status IN ('pending', 'in_progress')""") == 0:
-                break
+        while time.monotonic() < deadline and faultkit.unsettled(env.db):
+            restart_exited(s, ("wa", "wb"), exits, **transient)
             time.sleep(0.2)
         r = finish(env, s, "3r rabbitmq (transient messages) kill -9 + restart", t0, max_lateness=90,
                    extra={"queued_at_kill": queued, "worker_exits": len(exits)})
