@@ -320,7 +320,7 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
                     f"after the cancel committed (attempt row {row})")
 
     # final states, missed, lateness
-    lateness: list[tuple[float, float, str, int]] = []  # (due, first start, job, its attempt)
+    lateness: list[tuple[float, float, str, int, str | None]] = []  # (due, first start, job, its attempt, node)
     lost_exhausted = reexecuted = 0
     for job, w in planned.items():
         kind = w["kind"]
@@ -371,17 +371,18 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
                     add("missed", job, w["fire_at"], f"always-failing job failed after {got} started attempts of {want}")
         if lines and kind != "cancel":
             first = min(lines, key=lambda x: x["wall"])
-            lateness.append((w["fire_at"], first["wall"], job, first["attempt"]))
+            lateness.append((w["fire_at"], first["wall"], job, first["attempt"], first.get("node")))
 
     # cron occurrences: each due from the first to the cancel (less the tail) ran
     cron_runs = 0
     for job, w in planned.items():
         if not w["kind"].startswith("cron"):
             continue
-        by_occ: dict[float, tuple[float, int]] = {}
+        by_occ: dict[float, tuple[float, int, str | None]] = {}  # occurrence -> its first start, attempt, node
         for line in starts.get(job, []):
             occ = round(_ts(line.get("occurrence")) or _ts(line["fire_at"]), 3)
-            by_occ[occ] = min(by_occ.get(occ, (line["wall"], line["attempt"])), (line["wall"], line["attempt"]))
+            mine = (line["wall"], line["attempt"], line.get("node"))
+            by_occ[occ] = min(by_occ.get(occ, mine), mine, key=lambda x: (x[0], x[1]))
         cron_runs += len(by_occ)
         end = cancels.get(job, {}).get("wall")
         if end is None:
@@ -396,7 +397,8 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
                 add("missed", job, t, f"cron occurrence {datetime.fromtimestamp(t).isoformat()} never ran; its "
                     f"attempt rows: {runs or 'none'}")
             else:
-                lateness.append((t, *by_occ[round(t, 3)][:1], job, by_occ[round(t, 3)][1]))
+                wall, attempt, node = by_occ[round(t, 3)]
+                lateness.append((t, wall, job, attempt, node))
             t += w.get("step", 1)
 
     # late: a run's first start against the bounds of the faults covering it, counted from its fire time
@@ -406,7 +408,7 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
             kind = planned.get(j, {}).get("kind", "")
             occ = round(r["scheduled_at"], 3) if kind.startswith("cron") and r.get("scheduled_at") else None
             unstarted[(j, occ)].append(a)
-    for due_db, start, job, first in lateness:
+    for due_db, start, job, first, node in lateness:
         occ = round(due_db, 3) if planned[job]["kind"].startswith("cron") else None
         lost = sum(1 for a in unstarted.get((job, occ), []) if a < first)
         due = real(due_db) or due_db
@@ -414,14 +416,21 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
         # the bound is the dispatch's (claimed for the broker); the start may then wait for a free slot
         dispatched = (attempts.get((job, first)) or {}).get("dispatched_at")
         if dispatched is not None and dispatched <= allowed:
-            allowed = max(allowed, dispatched + lim["queue_wait"] + lim["slack"])
+            # a worker paused or cut off from PostgreSQL when the message reached it starts it, and
+            # waits for a slot, only once it is back (the message is not lost: its start resumes)
+            back = max([_end(f) + lim["reconnect"] for f in faults if f["kind"] in NODE_NO_DB and node
+                        and f.get("target") == node and f["start"] - 1.0 <= dispatched <= _end(f)] + [dispatched])
+            allowed = max(allowed, back + lim["queue_wait"] + lim["slack"])
         late = start - due
+        started_at = (attempts.get((job, first)) or {}).get("started_at")
+        row_start = "?" if started_at is None else f"{started_at - due:+.1f}s"
         for k in {f["kind"] for f in cov} or {"none"}:
             res.max_late_by_kind[k] = max(res.max_late_by_kind.get(k, 0.0), late)
             res.margin_by_kind[k] = max(res.margin_by_kind.get(k, -1e9), start - allowed)
         if start > allowed:
-            v.append(Violation("late", job, start, f"started {late:.1f}s after its fire time (dispatched "
-                               f"{'?' if dispatched is None else f'{dispatched - due:+.1f}s'}), {start - allowed:.1f}s "
+            v.append(Violation("late", job, start, f"started {late:.1f}s after its fire time on {node} (dispatched "
+                               f"{'?' if dispatched is None else f'{dispatched - due:+.1f}s'}, its row's start {row_start}), "
+                               f"{start - allowed:.1f}s "
                                f"past its bound ({allowed - due:.1f}s: {lost} unstarted losses, covering faults "
                                + (", ".join(f"{f['kind']} {f.get('target')} at {f['start'] - due:+.1f}s for "
                                             f"{_end(f) - f['start']:.1f}s" for f in cov) or "none") + ")",

@@ -312,6 +312,22 @@ def test_checker_counts_lateness_from_the_fire_time(start, dispatched, late):
         assert {v.blamed for v in res.violations} == {"stop"}
 
 
+@pytest.mark.parametrize("node, start, late", [("w2", 14.6, False), ("w1", 14.6, True), ("w2", 19.5, True)])
+def test_checker_counts_a_slot_wait_from_when_the_worker_that_took_the_message_was_back(node, start, late):
+    """A message that reached a worker cut off from PostgreSQL is started when the link is back, then
+    waits for a free slot: the queue wait counts from the link's return (plus reconnect), on that
+    worker only; another worker, or a start later than that, is late."""
+    ledger, jobs, attempts, workload, faults = _history()
+    a = workload[0]["job"]
+    ledger[0] = _start(a, 1, T + start, T, node=node)
+    ledger[1] = _start(a, 1, T + start + 0.1, T, ev="end", node=node)
+    attempts[(a, 1)] = {**_row("succeeded", T + start, T + start + 0.1, T, node=node), "dispatched_at": T - 0.6}
+    faults += [{"kind": "stop", "target": "d1", "start": T - 13.9, "heal": T + 0.1},
+               {"kind": "partition_pg", "target": "w2", "start": T - 9.4, "heal": T + 0.7}]
+    res = checker.check(ledger, jobs, attempts, workload, faults)
+    assert ("late" in {v.rule for v in res.violations}) == late, res.evidence()
+
+
 @pytest.mark.parametrize("shard, late", [(40, False), (7, True)])
 def test_checker_excuses_by_a_crash_of_the_second_cluster_only_its_own_jobs(shard, late):
     """A job due while the second cluster is down may start after its restart if it lives there
