@@ -304,6 +304,40 @@ def test_an_attempts_start_and_its_heartbeats_change_no_indexed_column():
     assert not (changed | renewing) & indexed, f"indexed columns a start or a heartbeat changes: {(changed | renewing) & indexed}"
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_starts_of_a_claimed_batch_stay_on_their_rows_pages():
+    # The claim inserts a batch's attempt rows together, page after page; the starts come after, in
+    # the worker's batches, each its own transaction. The table's fillfactor leaves each page room
+    # for its rows' started versions, so every start is a HOT update: the new version stays on the
+    # row's page (a start changes no indexed column, above, so a version that moved to another page
+    # was written with an entry in every index). At the default fillfactor, pages the claim filled
+    # moved about a quarter of them.
+    from cron_at_scale.dispatcher import Dispatcher
+    from cron_at_scale.worker import attempts
+
+    (options,), = sql("SELECT reloptions FROM pg_class WHERE relname = 'cron_at_scale_jobattempt'")
+    jobs = cron_at_scale.schedule_many([{"task": "demo.tasks.noop"} for _ in range(240)])
+    ids = [str(j.id) for j in jobs]
+    d = Dispatcher(name="t", publisher=RecordingPublisher())
+    while d.claim():
+        pass
+
+    def pages() -> dict:
+        rows = sql("SELECT job_id::text, (ctid::text::point)[0] FROM cron_at_scale_jobattempt "
+                   "WHERE job_id = ANY(%s::uuid[])", [ids])
+        return dict(rows)
+
+    before = pages()
+    assert len(before) == len(ids) and len(set(before.values())) >= 4, (options, before)  # several pages filled
+    for i in range(0, len(ids), 8):
+        rows = attempts.write_many([(j, 1, f"00000000-0000-0000-0000-{n:012d}") for n, j in
+                                    enumerate(ids[i:i + 8], start=i)], "w1")
+        assert [r.outcome for r in rows] == ["running"] * len(rows) and rows, rows
+    after = pages()
+    moved = sorted(j for j in ids if after[j] != before[j])
+    assert not moved, f"{len(moved)} of {len(ids)} starts left their row's page (reloptions {options})"
+
+
 def test_an_attempts_start_is_a_hot_update_when_its_page_has_room():
     # The same, as PostgreSQL counts it, on a page of its own with room (a table filled by earlier
     # tests may leave the new rows on a full page, where no update is HOT).
