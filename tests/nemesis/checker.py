@@ -414,7 +414,8 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
         due = real(due_db) or due_db
         allowed, cov = allowed_start(due, start, lost, faults, sett, lim, job)
         # the bound is the dispatch's (claimed for the broker); the start may then wait for a free slot
-        dispatched = (attempts.get((job, first)) or {}).get("dispatched_at")
+        row = attempts.get((job, first)) or {}
+        dispatched = row.get("dispatched_at")
         if dispatched is not None and dispatched <= allowed:
             # a worker paused or cut off from PostgreSQL when the message reached it starts it, and
             # waits for a slot, only once it is back (the message is not lost: its start resumes)
@@ -422,8 +423,7 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
                         and f.get("target") == node and f["start"] - 1.0 <= dispatched <= _end(f)] + [dispatched])
             allowed = max(allowed, back + lim["queue_wait"] + lim["slack"])
         late = start - due
-        started_at = (attempts.get((job, first)) or {}).get("started_at")
-        row_start = "?" if started_at is None else f"{started_at - due:+.1f}s"
+        row_start = "?" if row.get("started_at") is None else f"{row['started_at'] - due:+.1f}s"
         for k in {f["kind"] for f in cov} or {"none"}:
             res.max_late_by_kind[k] = max(res.max_late_by_kind.get(k, 0.0), late)
             res.margin_by_kind[k] = max(res.margin_by_kind.get(k, -1e9), start - allowed)
