@@ -8,13 +8,14 @@ created here and emptied at each turn, never your own)::
     python bench/index_cost.py --sides both          # before and after 0013
     python bench/index_cost.py --beside 1000000      # ... beside 1M pending jobs
     python bench/index_cost.py --sides after --beside 10000000   # today's indexes only, beside 10M
+    python bench/index_cost.py --sides after --batch-sizes 10000,50000   # schedule_many's batch_size, in turns
 
 Each turn sets the indexes of one side (drops and builds the ones that differ), then times
 ``schedule_many`` of ``--jobs`` one-off jobs of the default queue (50,000 per call) and reads
 the CPU seconds of this process and of its PostgreSQL backend from ``/proc`` (jobs/s moves with
 the machine's load; CPU per job moves less). The clock and the CPU count the calls; the list of
-specs each call is given is built before it (the caller's work: ~1.5 µs a job of dicts and
-``timedelta`` arithmetic), timed apart, and also shown added back ("with the specs' building",
+specs each call is given is built before it (the caller's work: 1.7–3.0 µs a job of dicts and
+``timedelta`` arithmetic on this box), timed apart, and also shown added back ("with the specs' building",
 the figure this script printed before). Prints one line per turn and the medians.
 """
 
