@@ -14,6 +14,7 @@ own receivers. The hook lists are read again when a worker or pool process start
 from __future__ import annotations
 
 import logging
+import os
 from typing import TYPE_CHECKING, Any
 
 from celery import signals
@@ -55,8 +56,46 @@ def _connect(signal, name: str):
     return decorator
 
 
+_main_pid: list[int] = []  # the worker's main process, set at worker_init
+
+
+def release_connections() -> None:
+    """Close this thread's Django database connections, before a pool process's hooks start threads.
+
+    Celery's Django fixup (``celery.fixups.django``), a ``worker_process_init`` receiver too, closes
+    each open connection's descriptor with ``os.close`` and then closes the connection, which closes
+    that number a second time. A thread started meanwhile (a hook's writer thread) may have been given
+    the number for its own socket, or the main thread for a file it reads: either loses it. With
+    the connections closed here first, the fixup finds nothing to close, in either order.
+
+    A connection a forked pool process inherited shares its socket with the main process: its
+    descriptor is pointed at ``/dev/null`` first, so closing it sends nothing on the main process's
+    connection (the solo pool runs in the main process: its connections are its own)."""
+    from django.db import connections
+
+    forked = bool(_main_pid) and os.getpid() != _main_pid[0]
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None:
+            continue
+        try:
+            if forked:
+                fd = conn.connection.fileno()
+                null = os.open(os.devnull, os.O_RDWR)
+                try:
+                    os.dup2(null, fd)
+                finally:
+                    os.close(null)
+        except Exception as e:  # noqa: BLE001 (no descriptor left: closing it sends nothing)
+            log.debug("database connection %r has no descriptor at pool process start: %s", conn.alias, e)
+        try:
+            conn.close()
+        except Exception as e:  # noqa: BLE001 (a broken connection: the next use reconnects)
+            log.debug("closing database connection %r at pool process start: %s", conn.alias, e)
+
+
 @_connect(signals.worker_init, "worker_init")
 def _worker_init(sender=None, **kwargs) -> None:
+    _main_pid[:] = [os.getpid()]
     if _Served.hooks is not None:
         _Served.hooks.refresh()  # the hooks of MIDDLEWARE as the worker starts, not as it was imported
     call("before_worker_boot", sender)
@@ -69,6 +108,7 @@ def _worker_ready(sender=None, **kwargs) -> None:
 
 @_connect(signals.worker_process_init, "worker_process_init")
 def _worker_process_init(**kwargs) -> None:
+    release_connections()
     if _Served.hooks is not None:
         _Served.hooks.refresh()
     call("after_process_boot")

@@ -147,6 +147,62 @@ def test_a_signal_calls_the_hook_of_a_middleware_appended_after_import(monkeypat
     assert (b.boots, broken.boots) == (2, 1)
 
 
+class SeesConnections(Middleware):
+    def __init__(self):
+        self.open_at_boot: list[str] | None = None
+
+    def after_process_boot(self):
+        from django.db import connections
+
+        self.open_at_boot = [c.alias for c in connections.all(initialized_only=True) if c.connection is not None]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_pool_process_boots_its_middleware_with_no_connection_left_for_celery_to_close_twice(monkeypatch):
+    """Celery's Django fixup, at ``worker_process_init``, closes each open connection's descriptor
+    and then the connection (the same number again). A thread a hook starts (the writer's, which
+    connects at once) could be handed that number in between and lose its socket: in the solo pool
+    the worker's main process itself, whose file reads then failed with EBADF and the worker died
+    at start. No connection of the booting thread may be open when the hooks run."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    seer = SeesConnections()
+    monkeypatch.setattr(worker_task, "MIDDLEWARE", [seer])
+    celery_signals.worker_process_init.send(sender=None)
+    assert seer.open_at_boot == []
+    with connection.cursor() as cur:  # and the next use reconnects
+        cur.execute("SELECT 1")
+        assert cur.fetchone() == (1,)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_forked_pool_process_lets_go_of_its_inherited_connection_without_closing_the_main_processes(monkeypatch):
+    """A prefork pool process inherits the main process's connection, socket included: closing it
+    the ordinary way would tell PostgreSQL to end the main process's session."""
+    import os
+
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT pg_backend_pid()")
+        backend = cur.fetchone()[0]
+    monkeypatch.setattr(signals, "_main_pid", [os.getpid()])
+    pid = os.fork()
+    if pid == 0:  # the pool process
+        code = 3
+        try:
+            signals.release_connections()
+            code = 0 if connection.connection is None else 4
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    with connection.cursor() as cur:  # the main process's session lives on
+        cur.execute("SELECT pg_backend_pid()")
+        assert cur.fetchone()[0] == backend
+
+
 def test_no_other_worker_module_connects_a_celery_signal():
     root = Path(worker_task.__file__).parent
     for path in root.rglob("*.py"):
