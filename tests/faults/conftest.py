@@ -164,14 +164,6 @@ def env2(request, pg, pg2, redis_server, tmp_path):
         _stop(request, e, systems, redis_server)
 
 
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item, call):
-    rep = yield
-    if rep.when == "call" and rep.failed:
-        item.rep_failed = True
-    return rep
-
-
 _COLUMNS = {"scenario", "jobs", "executions", "reexecuted", "lost", "p50", "max", "extra", "seconds", "ok"}
 
 
