@@ -164,6 +164,7 @@ def test_worker_statements_reach_rows_by_key_once_the_tables_have_grown(started,
     assert completer.write_many([("00000000-0000-7000-8000-000000000000", 1, str(uuid4()))], "w") == []
     db.run("heartbeat", {"lease": 60.0, "job_ids": [], "attempts": []})
     monkeypatch.setattr(db, "REPLAN_EVERY", 50)
+    monkeypatch.setattr(db, "REPLAN_MIN_SECONDS", 0.0)
     runs = started(300)  # 300 started: start_attempt runs 300 times, so it was prepared again
     (generic,), = sql("SELECT generic_plans FROM pg_prepared_statements WHERE name = 'cas_start_attempt'")
     assert generic <= 50
@@ -191,6 +192,25 @@ def test_worker_statements_reach_rows_by_key_once_the_tables_have_grown(started,
                 assert index in LOOKUPS[table] and read <= 2 * per, "\n".join(plan)
     assert {(str(a.job_id), a.outcome) for a in JobAttempt.objects.filter(job_id__in=[done_id, nxt.job_id])} == {
         (done_id, "succeeded"), (str(nxt.job_id), "running")}
+
+
+def test_a_statement_is_prepared_again_at_most_once_a_replan_interval(started, monkeypatch):
+    """Preparing and planning the start statement again costs milliseconds of PostgreSQL's CPU: past
+    REPLAN_EVERY executions it is prepared again only once REPLAN_MIN_SECONDS have passed since its
+    last PREPARE, so a busy worker does not pay it every few hundred tasks."""
+    monkeypatch.setattr(db, "REPLAN_EVERY", 20)
+    monkeypatch.setattr(db, "REPLAN_MIN_SECONDS", 3600.0)
+    connection.close()
+    started(100)  # start_attempt runs 100 times on this connection, five times REPLAN_EVERY
+
+    def generic_plans() -> int:
+        (n,), = sql("SELECT generic_plans FROM pg_prepared_statements WHERE name = 'cas_start_attempt'")
+        return n
+
+    assert generic_plans() == 100  # one PREPARE, its plan used by every execution
+    monkeypatch.setattr(db, "REPLAN_MIN_SECONDS", 0.0)
+    started(5)
+    assert generic_plans() == 5  # prepared again at the first execution past the interval
 
 
 def test_a_stale_message_of_a_lost_claim_never_runs_another_occurrence_under_its_number(monkeypatch):
