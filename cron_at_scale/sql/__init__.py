@@ -128,8 +128,8 @@ _SETTINGS = {name: (_ASYNC if "async" in OPTIONS[name] else "") + (_GENERIC + " 
 # prepared again every REPLAN_EVERY executions or REPLAN_SECONDS, so a plan made
 # while the tables were empty (a fresh deployment, a TRUNCATE), when PostgreSQL's
 # choice of index is a coin toss, does not outlive their growth. Never more often than
-# REPLAN_MIN_SECONDS: preparing and planning the start statement again costs ~4 ms of
-# PostgreSQL's CPU, which every 200 executions was ~0.02 ms added to each.
+# REPLAN_MIN_SECONDS: preparing and planning the start statement again costs milliseconds of
+# PostgreSQL's CPU, which a busy pool process paid every few hundred tasks.
 REPLAN_EVERY = 200
 REPLAN_MIN_SECONDS = 1.0
 REPLAN_SECONDS = 30.0
