@@ -56,7 +56,7 @@ def _connect(signal, name: str):
     return decorator
 
 
-_main_pid: list[int] = []  # the worker's main process, set at worker_init
+_main_pid: int | None = None  # the worker's main process, set at worker_init
 
 
 def release_connections() -> None:
@@ -73,7 +73,7 @@ def release_connections() -> None:
     connection (the solo pool runs in the main process: its connections are its own)."""
     from django.db import connections
 
-    forked = bool(_main_pid) and os.getpid() != _main_pid[0]
+    forked = _main_pid is not None and os.getpid() != _main_pid
     for conn in connections.all(initialized_only=True):
         if conn.connection is None:
             continue
@@ -95,7 +95,8 @@ def release_connections() -> None:
 
 @_connect(signals.worker_init, "worker_init")
 def _worker_init(sender=None, **kwargs) -> None:
-    _main_pid[:] = [os.getpid()]
+    global _main_pid
+    _main_pid = os.getpid()
     if _Served.hooks is not None:
         _Served.hooks.refresh()  # the hooks of MIDDLEWARE as the worker starts, not as it was imported
     call("before_worker_boot", sender)

@@ -187,7 +187,7 @@ def test_a_forked_pool_process_lets_go_of_its_inherited_connection_without_closi
     with connection.cursor() as cur:
         cur.execute("SELECT pg_backend_pid()")
         backend = cur.fetchone()[0]
-    monkeypatch.setattr(signals, "_main_pid", [os.getpid()])
+    monkeypatch.setattr(signals, "_main_pid", os.getpid())
     pid = os.fork()
     if pid == 0:  # the pool process
         code = 3
