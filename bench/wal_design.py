@@ -1,4 +1,4 @@
-"""WAL per job of the job table as built and of two designs not built: a design pass in SQL, with numbers.
+"""WAL per job of the job table as built and of designs not built: a design pass in SQL, with numbers.
 
 Usage (a PostgreSQL 15+ server with ``pg_walinspect``, a private one: the script runs
 ``CHECKPOINT``)::
@@ -29,6 +29,10 @@ Variants:
   lives on the job row (HOT updates), and the attempt's row is written once, as it ends, into an
   append-only log keyed by (job_id, attempt). The fewest row versions a job can have with a
   durable claim, start and finish of its own.
+- ``batchlog``: state kept per batch, not per job (PgQue's way): the job row is written once; a
+  claim moves a per-shard cursor past what it took and appends one row holding the batch's ids, as
+  do a start and a completion. Nothing reads it back here: what every reader of a job's state
+  would then have to do (the reaper, the admin, the fencing of a start) is not designed.
 
 How a job leaves is not in the figures: ``today``'s purge (two deletes a job) is measured apart
 (``--purge``); the other two would leave by dropping a partition (no WAL per job). Prints per
@@ -51,7 +55,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "example_project")]
 
-VARIANTS = ("today", "pending", "hot", "ordered", "merged")
+VARIANTS = ("today", "pending", "hot", "ordered", "merged", "batchlog")
 TASK, PAYLOAD = "demo.tasks.noop", '{"args": [1], "kwargs": {}}'
 
 
@@ -84,6 +88,21 @@ def ordered_table(q, source: str, target: str, last: tuple[str, ...], fillfactor
 def schema_sql(variant: str, fillfactor: int, q) -> list[str]:
     s = f"wal_{variant}"
     out = [f"DROP SCHEMA IF EXISTS {s} CASCADE", f"CREATE SCHEMA {s}"]
+    if variant == "batchlog":
+        out += [f"CREATE TABLE {s}.job (LIKE public.cron_at_scale_job INCLUDING DEFAULTS INCLUDING GENERATED)",
+                f"ALTER TABLE {s}.job ADD PRIMARY KEY (id)",
+                f"CREATE INDEX ON {s}.job (shard, fire_at, id)",
+                f"CREATE TABLE {s}.cursor (shard smallint PRIMARY KEY, fire_at timestamptz NOT NULL, id uuid NOT NULL) "
+                f"WITH (fillfactor = 50)",
+                f"INSERT INTO {s}.cursor SELECT g, '-infinity', '00000000-0000-0000-0000-000000000000' "
+                f"FROM generate_series(0, 63) AS g",
+                f"CREATE TABLE {s}.claim_log (at timestamptz NOT NULL DEFAULT statement_timestamp(), "
+                f"job_ids uuid[] NOT NULL, attempts int[] NOT NULL)",
+                f"CREATE TABLE {s}.start_log (at timestamptz NOT NULL DEFAULT statement_timestamp(), "
+                f"worker text NOT NULL, job_ids uuid[] NOT NULL, attempts int[] NOT NULL, tokens uuid[] NOT NULL)",
+                f"CREATE TABLE {s}.finish_log (at timestamptz NOT NULL DEFAULT statement_timestamp(), "
+                f"job_ids uuid[] NOT NULL, attempts int[] NOT NULL, outcomes text[] NOT NULL)"]
+        return out
     if variant == "merged":
         out += [ordered_table(q, "public.cron_at_scale_job", f"{s}.job", JOB_CHANGES, fillfactor),
                 f"ALTER TABLE {s}.job ADD COLUMN run_started_at timestamptz, ADD COLUMN run_token uuid, "
@@ -129,6 +148,19 @@ def schema_sql(variant: str, fillfactor: int, q) -> list[str]:
 
 def claim_sql(variant: str) -> str:
     s = f"wal_{variant}"
+    if variant == "batchlog":  # a cursor per shard moves past what it claimed; the batch is one log row
+        return f"""
+WITH c AS (SELECT fire_at, id FROM {s}.cursor WHERE shard = %(shard)s FOR UPDATE), due AS (
+    SELECT j.id, j.fire_at, j.attempts + 1 AS attempt FROM {s}.job AS j, c
+    WHERE j.shard = %(shard)s AND (j.fire_at, j.id) > (c.fire_at, c.id) AND j.fire_at <= now()
+    ORDER BY j.fire_at, j.id LIMIT %(limit)s
+), moved AS (
+    UPDATE {s}.cursor SET (fire_at, id) = (SELECT fire_at, id FROM due ORDER BY fire_at DESC, id DESC LIMIT 1)
+    WHERE shard = %(shard)s AND EXISTS (SELECT 1 FROM due)
+), logged AS (
+    INSERT INTO {s}.claim_log (job_ids, attempts) SELECT array_agg(id), array_agg(attempt) FROM due HAVING count(*) > 0
+)
+SELECT id, attempt FROM due"""
     if variant == "today":
         due = (f"SELECT id FROM {s}.job WHERE status = 'pending' AND shard = %(shard)s AND fire_at <= now() "
                f"ORDER BY fire_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED")
@@ -154,6 +186,11 @@ WITH due AS ({due}), claimed AS (
 
 def start_sql(variant: str) -> str:
     s = f"wal_{variant}"
+    if variant == "batchlog":
+        return f"""
+INSERT INTO {s}.start_log (worker, job_ids, attempts, tokens)
+SELECT 'bench-host:1234', %(job_ids)s::uuid[], %(attempts)s::int[],
+       ARRAY(SELECT gen_random_uuid() FROM unnest(%(attempts)s::int[]))"""
     if variant == "merged":  # the first attempt's run lives on the job row until it ends
         return f"""
 UPDATE {s}.job AS j
@@ -171,6 +208,10 @@ WHERE a.id = ANY(ARRAY(SELECT o.id FROM unnest(%(job_ids)s::uuid[], %(attempts)s
 
 def finish_sql(variant: str) -> str:
     s = f"wal_{variant}"
+    if variant == "batchlog":
+        return f"""
+INSERT INTO {s}.finish_log (job_ids, attempts, outcomes)
+SELECT %(job_ids)s::uuid[], %(attempts)s::int[], ARRAY(SELECT 'succeeded' FROM unnest(%(attempts)s::int[]))"""
     if variant == "merged":  # the attempt's row is written once, as it ends: an append-only log
         return f"""
 WITH done AS (
@@ -260,7 +301,7 @@ def main(argv=None) -> int:
             conn.autocommit = False
             with conn.cursor() as cur:
                 cur.copy_expert(f"COPY {s}.job (id, task, payload, options, fire_at) FROM STDIN", io.StringIO(text))
-                if variant != "today":
+                if variant not in ("today", "batchlog"):
                     cur.execute(f"INSERT INTO {s}.pending (shard, fire_at, id) SELECT shard, fire_at, id FROM {s}.job "
                                 f"WHERE id = ANY(%s::uuid[])", [[str(i) for i in made]])
             conn.commit()
@@ -292,7 +333,7 @@ def main(argv=None) -> int:
             for sql in schema_sql(variant, args.fillfactor, q):
                 q(sql)
             lifecycle(variant, args.warm)
-            q(f"VACUUM wal_{variant}.job, wal_{variant}.attempt")
+            q(f"VACUUM wal_{variant}.job")
             q("CHECKPOINT")
             (start_lsn,), = q("SELECT pg_current_wal_insert_lsn()", fetch=True)[0:1]
             lifecycle(variant, args.jobs)

@@ -35,7 +35,7 @@ def test_the_wal_design_benchmark_reports_every_variant_in_the_order_of_its_writ
     found = {v: (float(b), float(e)) for v, b, e in re.findall(
         r"^turn 1 (\w+) +(\d+) B/job without full-page images, +\d+ with; index entries/job ([\d.]+)$",
         proc.stdout, re.M)}
-    assert set(found) == {"today", "pending", "hot", "ordered", "merged"}, proc.stdout
+    assert set(found) == {"today", "pending", "hot", "ordered", "merged", "batchlog"}, proc.stdout
     wal = {v: b for v, (b, _) in found.items()}
     entries = {v: e for v, (_, e) in found.items()}
     # today: the job row in 5 indexes at its insert, 3 at its claim, 3 at its completion; the attempt
@@ -45,5 +45,7 @@ def test_the_wal_design_benchmark_reports_every_variant_in_the_order_of_its_writ
     assert entries["pending"] == pytest.approx(8, abs=0.3), proc.stdout
     # merged: job 2, pending 1, the attempt's log row 1
     assert entries["merged"] == pytest.approx(4, abs=0.3), proc.stdout
-    assert entries["today"] > entries["pending"] > entries["hot"] >= entries["merged"], proc.stdout
-    assert wal["today"] > wal["pending"] > wal["hot"] > wal["merged"], proc.stdout
+    # batchlog: the job row's two (primary key, claim order); its logs have none
+    assert entries["batchlog"] == pytest.approx(2, abs=0.3), proc.stdout
+    assert entries["today"] > entries["pending"] > entries["hot"] >= entries["merged"] > entries["batchlog"], proc.stdout
+    assert wal["today"] > wal["pending"] > wal["hot"] > wal["merged"] > wal["batchlog"], proc.stdout
