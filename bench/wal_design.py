@@ -332,9 +332,9 @@ def main(argv=None) -> int:
             lifecycle(variant, args.warm)
             q(f"VACUUM wal_{variant}.job")
             q("CHECKPOINT")
-            (start_lsn,), = q("SELECT pg_current_wal_insert_lsn()", fetch=True)[0:1]
+            [(start_lsn,)] = q("SELECT pg_current_wal_insert_lsn()", fetch=True)
             lifecycle(variant, args.jobs)
-            (end_lsn,), = q("SELECT pg_current_wal_insert_lsn()", fetch=True)[0:1]
+            [(end_lsn,)] = q("SELECT pg_current_wal_insert_lsn()", fetch=True)
             tx("SELECT txid_current()")  # a synchronous commit: the window is flushed, for pg_walinspect
             names = relation_names()
             by_rel: Counter = Counter()
@@ -363,7 +363,7 @@ def main(argv=None) -> int:
             print(f"turn {turn} {variant:8s} {row['no_fpi']:7.0f} B/job without full-page images, "
                   f"{row['total']:7.0f} with; index entries/job {sum(row['entries'].values()):.1f}", flush=True)
             for rel, b in row["by_rel"].items():
-                if b / 1 >= 5:
+                if b >= 5:
                     print(f"    {rel:45s} {b:6.0f} B   {row['entries'].get(rel, 0):4.1f} entries")
             if args.records:
                 for what, (b, c) in row["records"].items():
