@@ -4,6 +4,8 @@ bookkeeping survives requeues, pauses and shard handovers. (PostgreSQL crashes: 
 
 from __future__ import annotations
 
+import random
+import uuid
 from datetime import timedelta
 
 import psycopg2
@@ -286,3 +288,177 @@ def test_a_start_keeps_trying_through_a_database_outage(dispatcher, monkeypatch)
     monkeypatch.setattr(attempts.time, "sleep", lambda s: None)
     row = worker.AttemptWriter().start(str(job.id), 1, "w")
     assert len(cuts) == 4 and row is not None and row[0] == "running"
+
+
+# -- the state machine, walked at random ----------------------------------------------------------
+#
+# Each step is one transition of docs/state_machine.md, made by the statement the code runs for it,
+# on a random job: the claim, a start (of any attempt: a redelivered or stale message too), a
+# success (also of a run reaped meanwhile), a retry, a failure, a cancel, a requeue, a lease that
+# ran out and the reaper, a pending job made due. After every step the two tables are checked
+# against each other. The walk is seeded: a failure names its seed and step, and repeats.
+
+WALK_JOBS, WALK_STEPS = 12, 200
+
+
+def _walk_violations(job_ids) -> list[str]:
+    """Every way the job rows and their attempt rows disagree with the state machine's rules."""
+    rows = sql("""
+        SELECT j.id::text, j.status, j.attempts,
+               coalesce(max(a.attempt), 0),
+               count(*) FILTER (WHERE a.outcome IN ('dispatched', 'running')),
+               count(*) FILTER (WHERE a.outcome = 'succeeded'),
+               max(a.attempt) FILTER (WHERE a.outcome IN ('dispatched', 'running')),
+               count(a.attempt) - count(DISTINCT a.attempt)
+          FROM cron_at_scale_job j LEFT JOIN cron_at_scale_jobattempt a ON a.job_id = j.id
+         WHERE j.id = ANY(%s::uuid[])
+         GROUP BY j.id""", [[str(j) for j in job_ids]])
+    out = []
+    for job_id, status, attempts_col, top, open_, succeeded, open_number, repeated in rows:
+        where = f"job {job_id[:8]} ({status})"
+        if status not in ("pending", "in_progress", "completed", "failed", "cancelled"):
+            out.append(f"{where}: a one-off job in status {status}")
+        if attempts_col != top:
+            out.append(f"{where}: attempts = {attempts_col}, but its highest attempt row is {top}")
+        if repeated:
+            out.append(f"{where}: an attempt number used twice")
+        if open_ > 1:
+            out.append(f"{where}: {open_} attempts open at once")
+        if status in ("pending", "failed") and open_:
+            out.append(f"{where}: an attempt still open")
+        if status == "in_progress" and (open_ != 1 or open_number != attempts_col):
+            out.append(f"{where}: {open_} open attempts (newest {open_number}), not its attempt {attempts_col}")
+        if (status == "completed") != (succeeded > 0):
+            out.append(f"{where}: {succeeded} succeeded attempts")
+    return out
+
+
+# The edges of docs/state_machine.md's drawings for a one-off job and its attempts: a status or an
+# outcome changes only along one of them (a status not named here never changes).
+_JOB_EDGES = {
+    "pending": {"in_progress", "cancelled", "completed"},
+    "in_progress": {"completed", "pending", "failed", "cancelled"},
+    "failed": {"pending", "completed"},
+}
+_ATTEMPT_EDGES = {
+    "dispatched": {"running", "lost", "cancelled", "skipped"},
+    "running": {"succeeded", "failed", "cancelled", "retried", "lost"},
+    "lost": {"succeeded", "cancelled"},  # a run reaped while it stalled returns: its success counts, or its job was cancelled
+}
+
+
+def _walk_snapshot(job_ids) -> dict:
+    ids = [str(j) for j in job_ids]
+    jobs = {("job", j): s for j, s in sql("SELECT id::text, status FROM cron_at_scale_job WHERE id = ANY(%s::uuid[])",
+                                          [ids])}
+    return {**jobs, **{("attempt", j, n): o for j, n, o in sql(
+        "SELECT job_id::text, attempt, outcome FROM cron_at_scale_jobattempt WHERE job_id = ANY(%s::uuid[])", [ids])}}
+
+
+def _walk_moves(before: dict, after: dict) -> list[str]:
+    """The changes of status or outcome from ``before`` to ``after`` that are no edge of the drawings."""
+    out = []
+    for key, was in before.items():
+        now = after.get(key)
+        edges = _JOB_EDGES if key[0] == "job" else _ATTEMPT_EDGES
+        if now != was and now not in edges.get(was, set()):
+            out.append(f"{key[0]} {key[1][:8]}{'/' + str(key[2]) if len(key) > 2 else ''}: {was} -> {now}")
+    out += [f"attempt {k[1][:8]}/{k[2]} new as {o}" for k, o in after.items()
+            if k not in before and k[0] == "attempt" and o != "dispatched"]
+    return out
+
+
+def _open_attempts():
+    return sql("SELECT job_id::text, attempt, outcome FROM cron_at_scale_jobattempt "
+               "WHERE outcome IN ('dispatched', 'running') ORDER BY job_id, attempt")
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6])
+def test_a_random_walk_of_transitions_keeps_jobs_and_attempts_in_step(dispatcher, settings, seed):
+    settings.CRON_AT_SCALE = {"MAX_LOST_ATTEMPTS": 2}
+    dispatcher.max_lost = 2
+    rng = random.Random(seed)
+    done: list[str] = []
+    jobs = [str(cron_at_scale.schedule(noop).id) for _ in range(WALK_JOBS)]
+    writer = worker.AttemptWriter()
+    began: dict[tuple[str, int], str] = {}  # runs going on: (job, attempt) -> the token its start returned running for
+    ever: dict[tuple[str, int], str] = {}  # the same, for every run begun
+    tokens: list[tuple[str, int, str]] = []  # every start made: a later one may repeat its message
+
+    def start():
+        attempts_rows = sql("SELECT job_id::text, attempt FROM cron_at_scale_jobattempt ORDER BY job_id, attempt")
+        if not attempts_rows:
+            return "start: none"
+        if tokens and rng.random() < 0.25:  # the same message again (a redelivery, a retried start)
+            job_id, attempt, token = rng.choice(tokens)
+        else:
+            (job_id, attempt), token = rng.choice(attempts_rows), str(uuid.uuid4())
+        row = writer.start(job_id, attempt, "w", token)
+        tokens.append((job_id, attempt, token))
+        if row is not None and row.outcome == "running":
+            # the attempt it began: a message whose attempt was reaped unstarted takes over the next
+            attempt = row.attempt
+            first = ever.setdefault((job_id, attempt), token)
+            began[(job_id, attempt)] = token
+            assert first == token, f"seed {seed}: attempt {attempt} of {job_id} began under two tokens"
+        return f"start {job_id[:8]}/{attempt}: {None if row is None else row.outcome}"
+
+    def end(kind):
+        # a run that began ends: also one reaped meanwhile (its late success or failure)
+        if not began:
+            return f"{kind}: none"
+        job_id, attempt = rng.choice(sorted(began))
+        del began[(job_id, attempt)]  # a run ends once
+        params = {"job_id": job_id, "attempt": attempt, "error": "boom", "traceback": ""}
+        if kind == "succeed":
+            writer.write_now(job_id, attempt)
+            ((status,),) = sql("SELECT status FROM cron_at_scale_job WHERE id = %s", [job_id])
+            assert status in ("completed", "cancelled"), \
+                f"seed {seed}: the success of {job_id}/{attempt} was discarded: the job is {status}"
+        elif kind == "retry":
+            attempts.write_retry(params, rng.choice([0.0, 3600.0]))
+        else:
+            attempts.write_failure(params)
+        return f"{kind} {job_id[:8]}/{attempt}"
+
+    def reap():
+        open_rows = _open_attempts()
+        if not open_rows:
+            return "reap: none"
+        job_id, attempt, _ = rng.choice(open_rows)
+        expire(job_id, attempt)
+        return f"reap {job_id[:8]}/{attempt}: {dispatcher.reap()}"
+
+    def make_due():
+        job_id = rng.choice(jobs)
+        sql("UPDATE cron_at_scale_job SET fire_at = statement_timestamp() WHERE id = %s AND status = 'pending'",
+            [job_id])
+        return f"due {job_id[:8]}"
+
+    steps = {
+        "claim": lambda: f"claim: {len(dispatcher.claim())}",
+        "start": start,
+        "succeed": lambda: end("succeed"),
+        "retry": lambda: end("retry"),
+        "fail": lambda: end("fail"),
+        # a job with a run going on, four times as likely as another: its run then ends after the cancel
+        "cancel": lambda: f"cancel: {cron_at_scale.cancel(rng.choice(jobs + [j for j, _ in sorted(began)] * 4))}",
+        "requeue": lambda: f"requeue: {cron_at_scale.requeue(rng.choice(jobs))}",
+        "reap": reap,
+        "due": make_due,
+    }
+    weights = {"claim": 4, "start": 5, "succeed": 2, "retry": 2, "fail": 1, "cancel": 2, "requeue": 1,
+               "reap": 2, "due": 2}
+    names = list(steps)
+    seen: set[str] = set()  # every status a job was in after some step
+    before = _walk_snapshot(jobs)
+    for step in range(WALK_STEPS):
+        name = rng.choices(names, [weights[n] for n in names])[0]
+        done.append(steps[name]())
+        after = _walk_snapshot(jobs)
+        problems = _walk_violations(jobs) + _walk_moves(before, after)
+        before = after
+        seen.update(v for k, v in after.items() if k[0] == "job")
+        assert not problems, f"seed {seed}, step {step}: {problems}\nsteps: {done[-12:]}"
+    assert seen >= {"pending", "in_progress", "completed"} and seen & {"failed", "cancelled"}, \
+        f"seed {seed}: the walk reached only {seen}"

@@ -77,7 +77,8 @@ MUTANTS: tuple[Mutant, ...] = (
            (Edit(WORKER_SQL, "      AND (a.outcome IN ('dispatched', 'running') OR (a.outcome = 'lost' AND a.started_at IS NOT NULL))",
                  "      AND a.outcome IN ('dispatched', 'running')"),),
            (SQL_TESTS + "test_the_success_of_a_run_reaped_while_it_stalled_completes_its_job",
-            FAULTS + "test_the_success_of_a_worker_stalled_past_its_run_lease_is_recorded"),
+            FAULTS + "test_the_success_of_a_worker_stalled_past_its_run_lease_is_recorded",
+            SQL_TESTS + "test_a_random_walk_of_transitions_keeps_jobs_and_attempts_in_step"),
            BOTH),
     Mutant("E", 4, "runs claimed ahead go out at once, without an eta, and the start does not check scheduled_at",
            (Edit("cron_at_scale/dispatcher/loop.py", "                if at <= mono:\n                    due.append(run)\n",
@@ -190,6 +191,10 @@ MUTANTS: tuple[Mutant, ...] = (
            (Edit("cron_at_scale/worker/attempts.py", "COMPLETION_DELAY = 0.05", "COMPLETION_DELAY = 3.0"),),
            (FAULTS + "test_a_success_is_kept_when_its_idle_worker_is_killed_after_the_window",),
            ("celery",)),
+    Mutant("V", 7, "a run's retry puts its job back to pending whatever its status: a cancelled job fires again",
+           (Edit(WORKER_SQL, "WHERE j.id = a.job_id AND j.schedule_type = 'once' AND j.status = 'in_progress'\n  AND j.attempts = %(attempt)s;",
+                 "WHERE j.id = a.job_id AND j.schedule_type = 'once'\n  AND j.attempts = %(attempt)s;"),),
+           (SQL_TESTS + "test_a_random_walk_of_transitions_keeps_jobs_and_attempts_in_step",)),
 )
 
 BY_ID = {m.id: m for m in MUTANTS}
