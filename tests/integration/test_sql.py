@@ -333,7 +333,7 @@ def _walk_violations(job_ids) -> list[str]:
     return out
 
 
-# The edges of docs/state_machine.md's drawings for a one-off job and its attempts: a status or an
+# The transitions of docs/state_machine.md's tables for a one-off job and its attempts: a status or an
 # outcome changes only along one of them (a status not named here never changes).
 _JOB_EDGES = {
     "pending": {"in_progress", "cancelled", "completed"},
@@ -343,7 +343,7 @@ _JOB_EDGES = {
 _ATTEMPT_EDGES = {
     "dispatched": {"running", "lost", "cancelled", "skipped"},
     "running": {"succeeded", "failed", "cancelled", "retried", "lost"},
-    "lost": {"succeeded", "cancelled"},  # a run reaped while it stalled returns: its success counts, or its job was cancelled
+    "lost": {"succeeded", "cancelled"},  # a run reaped while it stalled returns (its job cancelled meanwhile: cancelled)
 }
 
 
@@ -356,7 +356,7 @@ def _walk_snapshot(job_ids) -> dict:
 
 
 def _walk_moves(before: dict, after: dict) -> list[str]:
-    """The changes of status or outcome from ``before`` to ``after`` that are no edge of the drawings."""
+    """The changes of status or outcome from ``before`` to ``after`` that are no transition of the tables."""
     out = []
     for key, was in before.items():
         now = after.get(key)
