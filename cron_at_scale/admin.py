@@ -71,7 +71,7 @@ from cron_at_scale import sql as db
 from cron_at_scale.exceptions import ValidationError
 from cron_at_scale.models import LIVE_STATUSES, AttemptHistory, Job, JobAttempt, JobHistory, ScheduleType, Status
 from cron_at_scale.ops import status as opstatus
-from cron_at_scale.ops.fire_order import in_fire_order
+from cron_at_scale.ops.fire_order import PENDING, in_fire_order, pending_in_fire_order
 from cron_at_scale.ops.status import duration_text, planner_estimate, table_estimate
 
 EXACT_COUNT_LIMIT = 10_000  # results counted exactly up to here (bounded: LIMIT); beyond, the planner's estimate
@@ -85,16 +85,18 @@ ID_TAIL = 12  # hex characters of an id the list shows: its last group, random (
 BEAT_PREFIX = "beat:"  # cron_at_scale.beat.sync.KEY_PREFIX: jobs the beat schedule owns
 
 # The default order, what needs attention first: (segment, filter, order within it). Each segment is
-# a range of the (status, fire_at, id) index read in order, so a page never sorts the table.
+# a range of the (status, fire_at, id) index read in order, or for pending jobs (late, next) each
+# shard's range of the claim's index, merged (PENDING_SEGMENTS), so a page never sorts the table.
 ATTENTION = (
-    ("late", lambda now: Q(status=Status.PENDING, fire_at__lte=now), ("fire_at", "id")),
+    ("late", lambda now: PENDING & Q(fire_at__lte=now), ("fire_at", "id")),
     ("failed", lambda now: Q(status=Status.FAILED), ("-fire_at", "-id")),
     ("running", lambda now: Q(status=Status.IN_PROGRESS), ("fire_at", "id")),
-    ("next", lambda now: Q(status=Status.PENDING, fire_at__gt=now), ("fire_at", "id")),
+    ("next", lambda now: PENDING & Q(fire_at__gt=now), ("fire_at", "id")),
     ("paused", lambda now: Q(status=Status.PAUSED), ("fire_at", "id")),
     ("completed", lambda now: Q(status=Status.COMPLETED), ("-fire_at", "-id")),
     ("cancelled", lambda now: Q(status=Status.CANCELLED), ("-fire_at", "-id")),
 )
+PENDING_SEGMENTS = frozenset({"late", "next"})
 STATUS_COLOURS = {  # background, text: readable in the admin's light and dark themes
     Status.PENDING: ("#dde9f5", "#1f4e79"), Status.IN_PROGRESS: ("#fff1c2", "#6b4e00"),
     Status.COMPLETED: ("#dcefdc", "#245c24"), Status.FAILED: ("#f8d7d7", "#8a1c1c"),
@@ -163,13 +165,15 @@ class AttentionPaginator(EstimatedCountPaginator):
         rows: list = []
         before = 0  # rows of the segments before this one (counted up to top)
         base = self.object_list.order_by()
-        for _name, where, order in ATTENTION:
+        for name, where, order in ATTENTION:
             if len(rows) >= self.per_page or before >= top:
                 break
             segment = base.filter(where(self.now))
             n = segment[: top - before].count()
             start = max(0, bottom - before)
-            if n > start:
+            if n > start and name in PENDING_SEGMENTS:
+                rows += pending_in_fire_order(segment, start=start, stop=start + self.per_page - len(rows))
+            elif n > start:
                 rows += list(segment.order_by(*order)[start: start + self.per_page - len(rows)])
             before += n
         return self._get_page(rows, number, self)
@@ -178,23 +182,27 @@ class AttentionPaginator(EstimatedCountPaginator):
 class FireOrderPaginator(EstimatedCountPaginator):
     """A list ordered by the "next fire" column. With ``merged`` (no filter with an index of its own
     in fire time order) a page is a merge of each status's range of the (status, fire_at, id) index
-    (:func:`cron_at_scale.ops.fire_order.in_fire_order`): the job table has no (fire_at, id) index."""
+    (:func:`cron_at_scale.ops.fire_order.in_fire_order`): the job table has no (fire_at, id) index.
+    With ``pending`` (pending jobs only, under no filter with an index of its own) a page is a merge
+    of the shards' ranges of the claim's index (:func:`~cron_at_scale.ops.fire_order.pending_in_fire_order`)."""
 
-    def __init__(self, object_list, per_page, *args, merged: bool = True, **kwargs):
+    def __init__(self, object_list, per_page, *args, merged: bool = True, pending: bool = False, **kwargs):
         super().__init__(object_list, per_page, *args, **kwargs)
         self.merged = merged
+        self.pending = pending
 
     def counted(self):  # unordered: without a (fire_at, id) index the ordered count would sort the table
-        return self.object_list.order_by() if self.merged else self.object_list
+        return self.object_list.order_by() if self.merged or self.pending else self.object_list
 
     def page(self, number):
-        if not self.merged:
+        if not self.merged and not self.pending:
             return super().page(number)
         number = self.validate_number(number)
         bottom = (number - 1) * self.per_page
         first = self.object_list.query.order_by[0] if self.object_list.query.order_by else "fire_at"
         descending = first.startswith("-") if isinstance(first, str) else bool(getattr(first, "descending", False))
-        rows = in_fire_order(self.object_list, start=bottom, stop=bottom + self.per_page, descending=descending)
+        read = pending_in_fire_order if self.pending else in_fire_order
+        rows = read(self.object_list, start=bottom, stop=bottom + self.per_page, descending=descending)
         return self._get_page(rows, number, self)
 
 
@@ -205,6 +213,18 @@ def merged_in_fire_order(params) -> bool:
     search name few rows)."""
     if any(params.get(name) for name in ("status__exact", "due", "task", "lease", "missed", "overdue", "q",
                                          "queue")):
+        return False
+    return params.get("schedule_type__exact") in (None, "", ScheduleType.ONCE)
+
+
+def pending_in_fire_order_only(params) -> bool:
+    """Whether a job list under the filters ``params`` (``request.GET``) holds pending jobs only (the
+    pending status or a due bucket) under no filter with an index of its own in fire time order (a
+    task, a named queue, a recurring type, a search): its fire time order is then a merge of the
+    shards' ranges of the claim's index, which alone holds pending rows in that order."""
+    if params.get("status__exact") != Status.PENDING and not params.get("due"):
+        return False
+    if any(params.get(name) for name in ("task", "lease", "missed", "overdue", "q", "queue")):
         return False
     return params.get("schedule_type__exact") in (None, "", ScheduleType.ONCE)
 
@@ -286,7 +306,8 @@ def database_of(chosen) -> str:
 
 class DueFilter(admin.SimpleListFilter):
     """Pending jobs by when they are due, the dashboard's buckets: ``late`` (due, not yet claimed by
-    a dispatcher), the next minute, hour, day, later. A range of the (status, fire_at, id) index."""
+    a dispatcher), the next minute, hour, day, later. A range of each shard's part of the claim's
+    (shard, fire_at) index, which alone holds pending rows in fire time order."""
 
     title = "due"
     parameter_name = "due"
@@ -302,7 +323,7 @@ class DueFilter(admin.SimpleListFilter):
         if self.value() not in self.BUCKETS:
             return queryset
         lo, hi = self.BUCKETS[self.value()]  # type: ignore[index]
-        queryset = queryset.filter(status=Status.PENDING)
+        queryset = queryset.filter(PENDING)
         if lo is not None:
             queryset = queryset.filter(fire_at__gt=Now() + lo)
         if hi is not None:
@@ -585,7 +606,8 @@ class JobAdmin(admin.ModelAdmin):
     def get_paginator(self, request, queryset, per_page, orphans=0, allow_empty_first_page=True):
         merged = merged_in_fire_order(request.GET)
         if ORDER_VAR in request.GET:  # the "next fire" column: a filter's index, or the status ranges merged
-            return FireOrderPaginator(queryset, per_page, orphans, allow_empty_first_page, merged=merged)
+            return FireOrderPaginator(queryset, per_page, orphans, allow_empty_first_page, merged=merged,
+                                      pending=pending_in_fire_order_only(request.GET))
         # Segments are ranges of the (status, fire_at, id) index: right for the whole list and its status
         # or due filters. Under another filter (task, queue, a search) the planner takes that filter's
         # index for a segment and may read every row of it (seconds at 10M rows: it cannot know that few

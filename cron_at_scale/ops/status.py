@@ -36,13 +36,15 @@ _RECENT_LAGS = """
     ) AS recent
     WHERE started_at >= statement_timestamp() - make_interval(secs => %s)
 """
+_ALL_SHARDS = list(range(conf.NUM_SHARDS))
+_PENDING = "status = 'pending' AND shard = ANY(%s::smallint[])"
 DEFAULT_WINDOW = 300.0  # seconds of attempts the lag figures cover
 DISPATCHER_SEEN = 60.0  # seconds: a dispatcher that claimed or polled within this is alive
 WORKERS_SHOWN = 3600.0  # seconds: workers last seen longer ago are not listed
 
-# (bucket, lower bound, upper bound) as SQL intervals from now; the (status, fire_at, id) index serves
-# each, as a range read in order (ORDER BY fire_at: the planner, which takes status and fire_at as
-# independent, would otherwise read the whole pending index of the claim for a few overdue rows).
+# (bucket, lower bound, upper bound) as SQL intervals from now; the claim's (shard, fire_at) index of
+# pending rows serves each, as one range per shard (shard = ANY(every shard): without it the planner
+# would read the whole index for a few overdue rows).
 _BUCKET_RANGES = (
     ("overdue", None, "0 seconds"),
     ("next_minute", "0 seconds", "1 minute"),
@@ -328,18 +330,18 @@ def _figures(window: float) -> dict[str, Any]:
         db_now = db.db_now()
         pending: dict[str, int] = {}
         for name, lo, hi in _BUCKET_RANGES:
-            where = "status = 'pending'"
-            params: list[Any] = []
+            where = _PENDING
+            params: list[Any] = [_ALL_SHARDS]
             if lo is not None:
                 where += " AND fire_at > %s::timestamptz + %s::interval"
                 params += [db_now, lo]
             where += " AND fire_at <= %s::timestamptz + %s::interval"
             params += [db_now, hi]
-            pending[name], hit = bounded_count(cur, where, params, order="fire_at")
+            pending[name], hit = bounded_count(cur, where, params)
             if hit:
                 capped.append(f"pending.{name}")
-        later, hit = bounded_count(cur, "status = 'pending' AND fire_at > %s::timestamptz + interval '1 day'",
-                                   [db_now], order="fire_at")
+        later, hit = bounded_count(cur, _PENDING + " AND fire_at > %s::timestamptz + interval '1 day'",
+                                   [_ALL_SHARDS, db_now])
         estimated: list[str] = []
         if hit:  # many future jobs: the planner's figure, rather than counting millions of index entries.
             # Pending rows (status statistics are per value, hence close) minus the buckets counted;
@@ -349,7 +351,9 @@ def _figures(window: float) -> dict[str, Any]:
             later = max(later, total - sum(pending.values()))
             estimated.append("pending.later")
         pending["later"] = later
-        (oldest,) = _one(cur, "SELECT min(fire_at) FROM cron_at_scale_job WHERE status = 'pending'")
+        (oldest,) = _one(cur, "SELECT min(o.fire_at) FROM unnest(%s::smallint[]) AS s(shard) CROSS JOIN LATERAL "
+                              "(SELECT min(fire_at) AS fire_at FROM cron_at_scale_job "
+                              "WHERE status = 'pending' AND shard = s.shard) AS o", [_ALL_SHARDS])
         overdue = max(0.0, (db_now - oldest).total_seconds()) if oldest is not None else 0.0
         lag, sample = _lag(cur, window)
         in_progress, hit = bounded_count(cur, "finished_at IS NULL", table="cron_at_scale_jobattempt")
@@ -403,8 +407,11 @@ OLDEST_DUE_SCAN = 100_000  # due jobs walked (oldest first) to find each queue's
 
 def oldest_due_per_queue(scan: int = OLDEST_DUE_SCAN) -> list[dict[str, Any]]:
     """Each job queue's oldest due, unclaimed job: ``[{"queue", "task", "id", "fire_at", "late_seconds"}]``
-    by queue (``""``: the default, routed by task). Bounded: found among the ``scan`` oldest due jobs."""
-    return [r._asdict() for r in db.run("oldest_due_per_queue", {"scan": scan}, retries=0)]
+    by queue (``""``: the default, routed by task). Bounded: found among the oldest due jobs of each
+    shard, ``scan`` in all."""
+    per_shard = -(-scan // conf.NUM_SHARDS)  # the scan spread over the shards (ids, hence shards, are random)
+    return [r._asdict() for r in db.run("oldest_due_per_queue", {"shards": _ALL_SHARDS, "per_shard": per_shard},
+                                        retries=0)]
 
 
 def why_late(task: str, queue: str, queues: dict[str, tuple[str, bool]], dispatchers_alive: int, app=None) -> str:

@@ -27,15 +27,16 @@ SELECT current_setting('fsync') AS fsync, current_setting('synchronous_commit') 
 
 -- name: oldest_due_per_queue  -- run by: cron_at_scale.ops.status
 -- The oldest due, unclaimed job of each job queue ('' is the default: routed by task), for the
--- dashboard's queues section: one walk of the oldest %(scan)s due pending jobs in fire_at order
--- (cron_job_status_fire_at), so a backlog of millions costs a bounded read; a queue whose due jobs
--- all lie beyond that walk is not listed.
+-- dashboard's queues section: one walk of the oldest %(per_shard)s due pending jobs of each shard
+-- (%(shards)s: every shard) in fire_at order, by the claim's (shard, fire_at) index, so a backlog of
+-- millions costs a bounded read; a queue whose due jobs all lie beyond those walks is not listed.
 SELECT DISTINCT ON (queue) queue, task, id, fire_at,
        extract(epoch FROM statement_timestamp() - fire_at)::float8 AS late_seconds
-FROM (
+FROM unnest(%(shards)s::smallint[]) AS s(shard)
+CROSS JOIN LATERAL (
     SELECT queue, task, id, fire_at FROM cron_at_scale_job
-    WHERE status = 'pending' AND fire_at <= statement_timestamp()
-    ORDER BY fire_at LIMIT %(scan)s
+    WHERE status = 'pending' AND shard = s.shard AND fire_at <= statement_timestamp()
+    ORDER BY fire_at LIMIT %(per_shard)s
 ) AS due
 ORDER BY queue, fire_at
 LIMIT 200;

@@ -12,7 +12,7 @@ from django.db.models.functions import Now
 
 from cron_at_scale.management.commands._cliutil import duration, positive_int
 from cron_at_scale.models import Job, ScheduleType, Status
-from cron_at_scale.ops.fire_order import in_fire_order
+from cron_at_scale.ops.fire_order import in_fire_order, pending_in_fire_order
 
 DEFAULT_LIMIT = 50
 TYPES = ("once", "cron", "interval", "recurring")  # recurring: cron and interval
@@ -127,6 +127,10 @@ class Command(BaseCommand):
         if not any(opts[name] is not None for name in ("status", "late", "task", "key")) and not opts["queue"] \
                 and kind in (None, ScheduleType.ONCE):  # no filter with an index of its own in fire_at order
             return in_fire_order(rows, stop=opts["limit"] + 1, descending=bool(opts["reverse"]))
+        if (opts["status"] == Status.PENDING or opts["late"] is not None) and opts["task"] is None \
+                and opts["key"] is None and not opts["queue"] and kind in (None, ScheduleType.ONCE):
+            # pending jobs alone are in fire_at order only in the claim's index, shard by shard: merged
+            return pending_in_fire_order(rows, stop=opts["limit"] + 1, descending=bool(opts["reverse"]))
         order = ("-fire_at", "-id") if opts["reverse"] else ("fire_at", "id")
         return list(rows.order_by(*order)[: opts["limit"] + 1])
 
