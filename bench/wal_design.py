@@ -17,6 +17,8 @@ Variants:
 
 - ``today``: the job and attempt tables as the migrations leave them (every index). The job row's
   claim and completion change ``status``, which indexes hold, so neither is a HOT update.
+- ``v0020``: ``today`` as migration 0020 left it, before 0021: the admin's ``(status, fire_at, id)``
+  index over every row, pending ones too (0021 left them out). The step's before and after, in turns.
 - ``pending``: the job table with no index on any column an update changes (primary key and
   ``(task, fire_at, id)`` only; ``fillfactor`` ``--fillfactor``), and a narrow ``pending (shard,
   fire_at, id)`` table the claim deletes from. The claim's and the completion's job updates can be
@@ -55,7 +57,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "example_project")]
 
-VARIANTS = ("today", "pending", "hot", "ordered", "merged", "batchlog")
+VARIANTS = ("today", "v0020", "pending", "hot", "ordered", "merged", "batchlog")
+TODAYS = ("today", "v0020")  # the product's own tables: its claim, no pending table
 TASK, PAYLOAD = "demo.tasks.noop", '{"args": [1], "kwargs": {}}'
 
 
@@ -103,7 +106,7 @@ ATTEMPT_LIKE = "(LIKE public.cron_at_scale_jobattempt INCLUDING DEFAULTS INCLUDI
 def schema_sql(variant: str, fillfactor: int, q) -> list[str]:
     s = f"wal_{variant}"
     out = [f"DROP SCHEMA IF EXISTS {s} CASCADE", f"CREATE SCHEMA {s}"]
-    if variant == "today":
+    if variant in TODAYS:
         out += [f"CREATE TABLE {s}.job (LIKE public.cron_at_scale_job INCLUDING ALL)",
                 f"CREATE TABLE {s}.attempt (LIKE public.cron_at_scale_jobattempt INCLUDING ALL)",
                 f"ALTER TABLE {s}.attempt SET (fillfactor = 70)"]  # as migration 0020
@@ -140,6 +143,12 @@ def schema_sql(variant: str, fillfactor: int, q) -> list[str]:
                                             "tokens uuid[] NOT NULL"),
                 log_table(f"{s}.finish_log", "job_ids uuid[] NOT NULL, attempts int[] NOT NULL, "
                                              "outcomes text[] NOT NULL")]
+    if variant == "v0020":  # the status index over every row again, as before migration 0021
+        out += [f"""DO $$ DECLARE name text; BEGIN
+                        SELECT indexname INTO STRICT name FROM pg_indexes WHERE schemaname = '{s}'
+                          AND indexdef LIKE '%(status, fire_at, id) WHERE%';
+                        EXECUTE format('DROP INDEX {s}.%I', name); END $$""",
+                f"CREATE INDEX ON {s}.job (status, fire_at, id)"]
     return out
 
 
@@ -158,7 +167,7 @@ WITH c AS (SELECT fire_at, id FROM {s}.cursor WHERE shard = %(shard)s FOR UPDATE
     INSERT INTO {s}.claim_log (job_ids, attempts) SELECT array_agg(id), array_agg(attempt) FROM due HAVING count(*) > 0
 )
 SELECT id, attempt FROM due"""
-    if variant == "today":
+    if variant in TODAYS:
         due = (f"SELECT id FROM {s}.job WHERE status = 'pending' AND shard = %(shard)s AND fire_at <= now() "
                f"ORDER BY fire_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED")
     else:  # the claim takes the pending entries away: nothing of the job row's indexes changes
@@ -234,8 +243,8 @@ WHERE j.id = ANY(ARRAY(SELECT job_id FROM done))"""
 
 
 PURGE_SQL = """
-WITH gone AS (DELETE FROM wal_today.job WHERE id = ANY(%(ids)s::uuid[]) RETURNING id)
-DELETE FROM wal_today.attempt WHERE job_id = ANY(ARRAY(SELECT id FROM gone))"""
+WITH gone AS (DELETE FROM wal_{variant}.job WHERE id = ANY(%(ids)s::uuid[]) RETURNING id)
+DELETE FROM wal_{variant}.attempt WHERE job_id = ANY(ARRAY(SELECT id FROM gone))"""
 
 
 def main(argv=None) -> int:
@@ -298,7 +307,7 @@ def main(argv=None) -> int:
             conn.autocommit = False
             with conn.cursor() as cur:
                 cur.copy_expert(f"COPY {s}.job (id, task, payload, options, fire_at) FROM STDIN", io.StringIO(text))
-                if variant not in ("today", "batchlog"):
+                if variant not in (*TODAYS, "batchlog"):
                     cur.execute(f"INSERT INTO {s}.pending (shard, fire_at, id) SELECT shard, fire_at, id FROM {s}.job "
                                 f"WHERE id = ANY(%s::uuid[])", [[str(i) for i in made]])
             conn.commit()
@@ -313,8 +322,8 @@ def main(argv=None) -> int:
             for i in range(0, len(claimed), 20):
                 part = claimed[i:i + 20]
                 tx(finish, {"job_ids": [str(r[0]) for r in part], "attempts": [r[1] for r in part]})
-            if args.purge and variant == "today":
-                tx(PURGE_SQL, {"ids": [str(r[0]) for r in claimed]})
+            if args.purge and variant in TODAYS:
+                tx(PURGE_SQL.format(variant=variant), {"ids": [str(r[0]) for r in claimed]})
             if len(claimed) != len(made):
                 raise SystemExit(f"{variant}: claimed {len(claimed)} of {len(made)}")
 
