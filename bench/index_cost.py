@@ -1,10 +1,11 @@
-"""What the job table's indexes cost ``schedule_many``: the index sets before and after migration 0018
-(or 0013), in turns, on one database of its own.
+"""What the job table's indexes cost ``schedule_many``: the index sets before and after migration 0021
+(or 0018, or 0013), in turns, on one database of its own.
 
 Usage (PostgreSQL from ``BENCH_DATABASE_URL``, default a local server; the database ``--db`` is
 created here and emptied at each turn, never your own)::
 
-    python bench/index_cost.py                       # 100,000 jobs into an empty table, 3 turns (0017 | 0018)
+    python bench/index_cost.py                       # 100,000 jobs into an empty table, 3 turns (0020 | 0021)
+    python bench/index_cost.py --sides 0018          # before and after 0018
     python bench/index_cost.py --sides both          # before and after 0013
     python bench/index_cost.py --beside 1000000      # ... beside 1M pending jobs
     python bench/index_cost.py --sides after --beside 10000000   # today's indexes only, beside 10M
@@ -39,13 +40,18 @@ BEFORE_0013 = {  # the two indexes 0013 dropped (the third, its named-queue inde
     "cron_job_queue_fire_at": "CREATE INDEX cron_job_queue_fire_at ON cron_at_scale_job (queue, fire_at, id)",
 }
 BEFORE_0018 = {"cron_job_fire_at_id": "CREATE INDEX cron_job_fire_at_id ON cron_at_scale_job (fire_at, id)"}
+# before 0021 the status index held every row; 0021 left pending rows out (same name, the partial one)
+BEFORE_0021 = {"cron_job_status_fire_at_all": "CREATE INDEX cron_job_status_fire_at_all ON cron_at_scale_job "
+                                              "(status, fire_at, id)"}
+PARTIAL_STATUS = "cron_job_status_fire_at"
 SIDES = {  # the indexes each side lacks
-    "before 0013": ["cron_job_named_queue_fire_at"],
-    "0013 to 0017": list(BEFORE_0013),
-    "after 0018": [*BEFORE_0013, *BEFORE_0018],
+    "before 0013": ["cron_job_named_queue_fire_at", PARTIAL_STATUS],
+    "0013 to 0017": [*BEFORE_0013, PARTIAL_STATUS],
+    "0018 to 0020": [*BEFORE_0013, *BEFORE_0018, PARTIAL_STATUS],
+    "after 0021": [*BEFORE_0013, *BEFORE_0018, *BEFORE_0021],
 }
-CHOICES = {"both": ["before 0013", "0013 to 0017"], "0018": ["0013 to 0017", "after 0018"], "all": list(SIDES),
-           "after": ["after 0018"]}
+CHOICES = {"both": ["before 0013", "0013 to 0017"], "0018": ["0013 to 0017", "0018 to 0020"],
+           "0021": ["0018 to 0020", "after 0021"], "all": list(SIDES), "after": ["after 0021"]}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -61,10 +67,10 @@ def main(argv=None) -> int:
     p.add_argument("--batch-sizes", default="10000",
                    help="schedule_many's batch_size (rows per COPY), several in turns: 10000,50000 (10000)")
     p.add_argument("--db", default="cron_index_cost")
-    p.add_argument("--sides", choices=tuple(CHOICES), default="0018",
-                   help="0018: the index sets before and after migration 0018 (the default); both: before and "
-                        "after 0013; all: the three; after: only today's index set (no index rebuilt between "
-                        "turns: for --beside 10000000)")
+    p.add_argument("--sides", choices=tuple(CHOICES), default="0021",
+                   help="0021: the index sets before and after migration 0021 (the default); 0018: before and "
+                        "after 0018; both: before and after 0013; all: the four; after: only today's index set "
+                        "(no index rebuilt between turns: for --beside 10000000)")
     args = p.parse_args(argv)
 
     import psycopg2
@@ -95,7 +101,7 @@ def main(argv=None) -> int:
             return cur.fetchall() if cur.description else None
 
     defs = {**dict(q("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'cron_at_scale_job'")),
-            **BEFORE_0013, **BEFORE_0018}
+            **BEFORE_0013, **BEFORE_0018, **BEFORE_0021}
 
     def set_side(dropped: list[str]) -> None:
         have = {r[0] for r in q("SELECT indexname FROM pg_indexes WHERE tablename = 'cron_at_scale_job'")}
@@ -140,7 +146,7 @@ def main(argv=None) -> int:
             print(f"turn {turn + 1} {label:12} {args.jobs / seconds:10,.0f} jobs/s  {cpu_us:5.1f} µs CPU per job "
                   f"(this process + its backend)  {args.jobs / (seconds + building):10,.0f} jobs/s with the "
                   f"specs' building ({building * 1e6 / args.jobs:.1f} µs a job)", flush=True)
-    set_side(SIDES["after 0018"])
+    set_side(SIDES["after 0021"])
     q("TRUNCATE cron_at_scale_jobattempt, cron_at_scale_job")
     beside = f" beside {args.beside:,} pending" if args.beside else " into an empty table"
     print(f"schedule_many of {args.jobs:,} jobs{beside}, medians of {args.turns} turns:")
