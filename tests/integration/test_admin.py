@@ -341,3 +341,36 @@ def test_the_dashboard_says_which_workers_are_alive_stuck_or_gone(superuser_clie
     assert "alive" in rows["ok@box"] and "cas-bad" not in rows["ok@box"]
     assert '<span class="cas-bad">stuck</span>' in rows["stuck@box"]
     assert "gone (last seen 600 s ago)" in rows["gone@box"]
+
+
+def test_pending_lists_read_each_shards_range_of_the_claims_index_beside_many_pending(superuser_client, monkeypatch):
+    """The admin's pending lists (the late and next-due segments of the default order, the due filter,
+    the pending filter in fire time order) read the claim's (shard, fire_at) index shard by shard: in
+    order, about a page of it, never the whole of it and never the table."""
+    import json
+
+    sql("""INSERT INTO cron_at_scale_job (id, fire_at, task, payload, options)
+           SELECT gen_random_uuid(), statement_timestamp() + interval '2 hours' + g * interval '1 second',
+                  'demo.tasks.noop', '{}', '{}'
+           FROM generate_series(1, 30000) AS g""")
+    sql("""INSERT INTO cron_at_scale_job (id, fire_at, task, payload, options)
+           SELECT gen_random_uuid(), statement_timestamp() - g * interval '1 second', 'demo.tasks.noop', '{}', '{}'
+           FROM generate_series(1, 300) AS g""")
+    sql("ANALYZE cron_at_scale_job")
+    pending = [r[0] for r in sql("SELECT id FROM cron_at_scale_job ORDER BY fire_at, id")]
+    monkeypatch.setattr(jobadmin.JobAdmin, "list_per_page", 50)
+    pages = {"?p=7": pending[300:350],  # past the 300 late ones (6 pages): the next due, soonest first
+             "?due=late&p=2": pending[50:100], "?status__exact=pending&o=7&p=3": pending[100:150],
+             "?status__exact=pending&o=-7": pending[::-1][:50]}
+    for query, want in pages.items():
+        with CaptureQueriesContext(connection) as queries:
+            assert listed(superuser_client.get(URL + query)) == want, query
+        for q in queries.captured_queries:
+            if "cron_at_scale_job" not in q["sql"] or "'pending'" not in q["sql"] or "COUNT(" in q["sql"].upper() \
+                    or q["sql"].startswith("EXPLAIN"):
+                continue
+            (plan,), = sql("EXPLAIN (ANALYZE, FORMAT JSON) " + q["sql"])
+            text = json.dumps(plan)
+            assert '"Seq Scan"' not in text, (query, q["sql"][:300])
+            read = sum(int(n) for n in __import__("re").findall(r'"Actual Rows": (\d+)', text))
+            assert read < 15_000, (query, q["sql"][:300], read)  # 30,300 pending: never all of them
