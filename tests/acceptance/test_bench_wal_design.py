@@ -41,9 +41,11 @@ def test_the_wal_design_benchmark_reports_every_variant_in_the_order_of_its_writ
     # today: the job row in 4 indexes at its insert, 3 at its claim, 3 at its completion; the attempt
     # row in 3 at its insert, 2 at its finish (its start is HOT)
     assert entries["today"] == pytest.approx(15, abs=0.3), proc.stdout
-    # v0020: the status index over every row again, pending ones too: one entry more, at the insert
-    assert entries["v0020"] == pytest.approx(16, abs=0.3), proc.stdout
-    assert wal["v0020"] > wal["today"], proc.stdout
+    # v0020: the status index over every row again, pending ones too: an entry at the insert as well
+    # (the job row's updates are never HOT there, so its entries do not vary with the box's load)
+    status_entries = dict(re.findall(r"^ +wal_(today|v0020)\.job_status_fire_at_id_idx +\d+ B +([\d.]+) entries$",
+                                     proc.stdout, re.M))
+    assert status_entries == {"today": "2.0", "v0020": "3.0"}, proc.stdout
     # pending: job 2 + pending 1 (no job index at the claim or completion: both HOT) + attempt 5
     assert entries["pending"] == pytest.approx(8, abs=0.3), proc.stdout
     # merged: job 2, pending 1, the attempt's log row 1
