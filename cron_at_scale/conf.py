@@ -335,6 +335,7 @@ def pin_alias(alias: str | None) -> None:
 
 
 NUM_SHARDS = 64  # fixed by migration 0004 (cron_at_scale.models takes it from here)
+ALL_SHARDS = tuple(range(NUM_SHARDS))  # "every shard": a read of pending rows, one index range per shard
 _RANGE = re.compile(r"^\s*(\d+)\s*-\s*(\d+)\s*$")
 
 

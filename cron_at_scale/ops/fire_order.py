@@ -25,9 +25,9 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
-from cron_at_scale.models import NUM_SHARDS, Status
+from cron_at_scale.conf import ALL_SHARDS
+from cron_at_scale.models import Status
 
-ALL_SHARDS = tuple(range(NUM_SHARDS))
 # Pending rows, as the claim's (shard, fire_at) index holds them: with shard IN (every shard) a count
 # or an unordered read of a fire_at range is one index range per shard, not a walk of the whole index.
 PENDING = Q(status=Status.PENDING, shard__in=ALL_SHARDS)

@@ -36,7 +36,6 @@ _RECENT_LAGS = """
     ) AS recent
     WHERE started_at >= statement_timestamp() - make_interval(secs => %s)
 """
-_ALL_SHARDS = list(range(conf.NUM_SHARDS))
 _PENDING = "status = 'pending' AND shard = ANY(%s::smallint[])"
 DEFAULT_WINDOW = 300.0  # seconds of attempts the lag figures cover
 DISPATCHER_SEEN = 60.0  # seconds: a dispatcher that claimed or polled within this is alive
@@ -331,7 +330,7 @@ def _figures(window: float) -> dict[str, Any]:
         pending: dict[str, int] = {}
         for name, lo, hi in _BUCKET_RANGES:
             where = _PENDING
-            params: list[Any] = [_ALL_SHARDS]
+            params: list[Any] = [list(conf.ALL_SHARDS)]
             if lo is not None:
                 where += " AND fire_at > %s::timestamptz + %s::interval"
                 params += [db_now, lo]
@@ -341,7 +340,7 @@ def _figures(window: float) -> dict[str, Any]:
             if hit:
                 capped.append(f"pending.{name}")
         later, hit = bounded_count(cur, _PENDING + " AND fire_at > %s::timestamptz + interval '1 day'",
-                                   [_ALL_SHARDS, db_now])
+                                   [list(conf.ALL_SHARDS), db_now])
         estimated: list[str] = []
         if hit:  # many future jobs: the planner's figure, rather than counting millions of index entries.
             # Pending rows (status statistics are per value, hence close) minus the buckets counted;
@@ -353,7 +352,7 @@ def _figures(window: float) -> dict[str, Any]:
         pending["later"] = later
         (oldest,) = _one(cur, "SELECT min(o.fire_at) FROM unnest(%s::smallint[]) AS s(shard) CROSS JOIN LATERAL "
                               "(SELECT min(fire_at) AS fire_at FROM cron_at_scale_job "
-                              "WHERE status = 'pending' AND shard = s.shard) AS o", [_ALL_SHARDS])
+                              "WHERE status = 'pending' AND shard = s.shard) AS o", [list(conf.ALL_SHARDS)])
         overdue = max(0.0, (db_now - oldest).total_seconds()) if oldest is not None else 0.0
         lag, sample = _lag(cur, window)
         in_progress, hit = bounded_count(cur, "finished_at IS NULL", table="cron_at_scale_jobattempt")
@@ -410,7 +409,7 @@ def oldest_due_per_queue(scan: int = OLDEST_DUE_SCAN) -> list[dict[str, Any]]:
     by queue (``""``: the default, routed by task). Bounded: found among the oldest due jobs of each
     shard, ``scan`` in all."""
     per_shard = -(-scan // conf.NUM_SHARDS)  # the scan spread over the shards (ids, hence shards, are random)
-    return [r._asdict() for r in db.run("oldest_due_per_queue", {"shards": _ALL_SHARDS, "per_shard": per_shard},
+    return [r._asdict() for r in db.run("oldest_due_per_queue", {"shards": list(conf.ALL_SHARDS), "per_shard": per_shard},
                                         retries=0)]
 
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import re
+
 import pytest
 from demo.tasks import noop
 from django.contrib.auth.models import Permission, User
@@ -347,8 +350,6 @@ def test_pending_lists_read_each_shards_range_of_the_claims_index_beside_many_pe
     """The admin's pending lists (the late and next-due segments of the default order, the due filter,
     the pending filter in fire time order) read the claim's (shard, fire_at) index shard by shard: in
     order, about a page of it, never the whole of it and never the table."""
-    import json
-
     sql("""INSERT INTO cron_at_scale_job (id, fire_at, task, payload, options)
            SELECT gen_random_uuid(), statement_timestamp() + interval '2 hours' + g * interval '1 second',
                   'demo.tasks.noop', '{}', '{}'
@@ -372,5 +373,5 @@ def test_pending_lists_read_each_shards_range_of_the_claims_index_beside_many_pe
             (plan,), = sql("EXPLAIN (ANALYZE, FORMAT JSON) " + q["sql"])
             text = json.dumps(plan)
             assert '"Seq Scan"' not in text, (query, q["sql"][:300])
-            read = sum(int(n) for n in __import__("re").findall(r'"Actual Rows": (\d+)', text))
+            read = sum(int(n) for n in re.findall(r'"Actual Rows": (\d+)', text))
             assert read < 15_000, (query, q["sql"][:300], read)  # 30,300 pending: never all of them

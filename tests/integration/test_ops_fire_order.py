@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
 
@@ -116,7 +117,7 @@ def _nodes(node: dict) -> list:
 
 def _explained(query: str) -> dict:
     (plan,), = sql("EXPLAIN (ANALYZE, FORMAT JSON) " + query)
-    plan = plan if isinstance(plan, list) else __import__("json").loads(plan)
+    plan = plan if isinstance(plan, list) else json.loads(plan)
     return plan[0]["Plan"]
 
 
@@ -151,7 +152,7 @@ def test_pending_rows_in_fire_order_are_the_shards_ranges_merged_reading_about_t
             assert keys == want[start:stop], (descending, start, stop)
             (query,) = [q["sql"] for q in queries.captured_queries]
             plan = _explained(query)
-            text = __import__("json").dumps(plan)
+            text = json.dumps(plan)
             assert "cron_job_pending_shard" in text and "Merge Append" in text, text[:2000]
             assert '"Seq Scan"' not in text and '"Bitmap Heap Scan"' not in text
             # each shard's walk stops where the merge does: about the window's end, not the shard's rows
