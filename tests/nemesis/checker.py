@@ -418,9 +418,13 @@ def check(ledger: list[dict], jobs: dict[str, dict], attempts: dict[tuple[str, i
         dispatched = row.get("dispatched_at")
         if dispatched is not None and dispatched <= allowed:
             # a worker paused or cut off from PostgreSQL when the message reached it starts it, and
-            # waits for a slot, only once it is back (the message is not lost: its start resumes)
-            back = max([_end(f) + lim["reconnect"] for f in faults if f["kind"] in NODE_NO_DB and node
-                        and f.get("target") == node and f["start"] - 1.0 <= dispatched <= _end(f)] + [dispatched])
+            # waits for a slot, only once it is back (the message is not lost: its start resumes);
+            # while another worker is out, this one's slots carry both shares of the backlog, so its
+            # slot wait, too, counts from when the pool is whole again
+            back = max([_end(f) + lim["reconnect"] for f in faults if node and f["start"] - 1.0 <= dispatched <= _end(f)
+                        and (f["kind"] in NODE_NO_DB and f.get("target") == node
+                             or f["kind"] in NODE_NO_DB + DEATH and f.get("target", "").startswith("w")
+                             and f.get("target") != node)] + [dispatched])
             allowed = max(allowed, back + lim["queue_wait"] + lim["slack"])
         late = start - due
         row_start = "?" if row.get("started_at") is None else f"{row['started_at'] - due:+.1f}s"

@@ -312,18 +312,23 @@ def test_checker_counts_lateness_from_the_fire_time(start, dispatched, late):
         assert {v.blamed for v in res.violations} == {"stop"}
 
 
-@pytest.mark.parametrize("node, start, late", [("w2", 14.6, False), ("w1", 14.6, True), ("w2", 19.5, True)])
-def test_checker_counts_a_slot_wait_from_when_the_worker_that_took_the_message_was_back(node, start, late):
+@pytest.mark.parametrize("node, w2_cut_off, start, late", [("w2", True, 14.6, False), ("w1", True, 14.6, False),
+                                                          ("w1", False, 14.6, True), ("w2", True, 19.5, True),
+                                                          ("w1", True, 19.5, True)])
+def test_checker_counts_a_slot_wait_from_when_the_worker_pool_was_whole_again(node, w2_cut_off, start, late):
     """A message that reached a worker cut off from PostgreSQL is started when the link is back, then
-    waits for a free slot: the queue wait counts from the link's return (plus reconnect), on that
-    worker only; another worker, or a start later than that, is late."""
+    waits for a free slot: the queue wait counts from the link's return (plus reconnect). A message
+    that reached the other worker meanwhile waits behind both workers' share of the backlog on half
+    the slots: its queue wait counts from the same return. With every worker whole, it counts from
+    the dispatch; a start later than either is late."""
     ledger, jobs, attempts, workload, faults = _history()
     a = workload[0]["job"]
     ledger[0] = _start(a, 1, T + start, T, node=node)
     ledger[1] = _start(a, 1, T + start + 0.1, T, ev="end", node=node)
     attempts[(a, 1)] = {**_row("succeeded", T + start, T + start + 0.1, T, node=node), "dispatched_at": T - 0.6}
-    faults += [{"kind": "stop", "target": "d1", "start": T - 13.9, "heal": T + 0.1},
-               {"kind": "partition_pg", "target": "w2", "start": T - 9.4, "heal": T + 0.7}]
+    faults.append({"kind": "stop", "target": "d1", "start": T - 13.9, "heal": T + 0.1})
+    if w2_cut_off:
+        faults.append({"kind": "partition_pg", "target": "w2", "start": T - 9.4, "heal": T + 0.7})
     res = checker.check(ledger, jobs, attempts, workload, faults)
     assert ("late" in {v.rule for v in res.violations}) == late, res.evidence()
 
