@@ -124,11 +124,11 @@ class Command(BaseCommand):
         elif kind is not None:
             query = query.filter(schedule_type=kind)
         rows = query.annotate(db_now=Now()).values(*COLUMNS, "db_now")
-        if not any(opts[name] is not None for name in ("status", "late", "task", "key")) and not opts["queue"] \
-                and kind in (None, ScheduleType.ONCE):  # no filter with an index of its own in fire_at order
+        # no filter but status or lateness with an index of its own in fire_at order
+        merged = opts["task"] is None and opts["key"] is None and not opts["queue"] and kind in (None, ScheduleType.ONCE)
+        if merged and opts["status"] is None and opts["late"] is None:
             return in_fire_order(rows, stop=opts["limit"] + 1, descending=bool(opts["reverse"]))
-        if (opts["status"] == Status.PENDING or opts["late"] is not None) and opts["task"] is None \
-                and opts["key"] is None and not opts["queue"] and kind in (None, ScheduleType.ONCE):
+        if merged and (opts["status"] == Status.PENDING or opts["late"] is not None):
             # pending jobs alone are in fire_at order only in the claim's index, shard by shard: merged
             return pending_in_fire_order(rows, stop=opts["limit"] + 1, descending=bool(opts["reverse"]))
         order = ("-fire_at", "-id") if opts["reverse"] else ("fire_at", "id")
